@@ -1,0 +1,70 @@
+"""Diagnostics: every problem in the specs becomes one ``SpecProblem``.
+
+A problem names the file, the key path inside it (and the line, when the
+locator can find it), the offending value and the rule it broke.  Stages
+collect all problems they can find before stopping, so a user fixes a spec
+tree in one pass rather than one error per run.  The CLI prints them and
+exits 2; nothing that raises ``SpecErrors`` has touched ``generated/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+KeyPath = tuple[str | int, ...]
+
+
+def format_keypath(path: KeyPath) -> str:
+    """``("attention", "policy", 0, "block")`` -> ``attention.policy[0].block``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<top level>"
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    file: str  # path relative to the spec root's parent, e.g. "specs/kernels/moe.toml"
+    keypath: KeyPath  # where in the file; () for the whole file
+    rule: str  # what was required, in words
+    value: Any = None  # the offending value, when there is one
+    line: int | None = None  # 1-based line of the key, when the locator found it
+    has_value: bool = False  # distinguishes "value is None" from "no value to show"
+
+    def render(self) -> str:
+        where = self.file + (f":{self.line}" if self.line else "")
+        text = f"{where}: {format_keypath(self.keypath)}: {self.rule}"
+        if self.has_value:
+            text += f" (got {format_value(self.value)})"
+        return text
+
+
+def problem(file: str, keypath: KeyPath, rule: str, *, line: int | None = None, **value: Any) -> SpecProblem:
+    """Build a problem; pass ``value=...`` to show the offending value."""
+    if value and set(value) != {"value"}:
+        raise TypeError(f"unexpected keyword arguments {sorted(value)}")
+    return SpecProblem(
+        file=file, keypath=keypath, rule=rule, line=line, value=value.get("value"), has_value="value" in value
+    )
+
+
+class SpecErrors(Exception):
+    """Raised by a stage with every problem it found; never empty."""
+
+    def __init__(self, problems: Iterable[SpecProblem]):
+        self.problems = tuple(problems)
+        assert self.problems, "SpecErrors needs at least one problem"
+        super().__init__("\n".join(p.render() for p in self.problems))

@@ -1,0 +1,262 @@
+"""The spec data model: what a TOML file under specs/ may say.
+
+Rules every model here follows (in the spirit of torchgen/model.py):
+
+* Specs are data, validated once, at load.  Every model is frozen and forbids
+  unknown keys: a misspelt key is an error naming the file and key path, never
+  a setting silently ignored.
+* Scalars are strict: ``64`` is an int, ``"64"`` is not, ``true`` is not 1
+  (every scalar field uses pydantic's Strict* types).
+* Units live in field names (``_bytes``, ``_gbps``) and are plain ints.
+* A number in a hardware spec is a fact about a part and cites its public
+  source in a TOML comment next to it; a number in a kernel policy is either
+  a tuning choice (literal, with a comment saying why) or a rule evaluated
+  against each target by the resolver (see ``rules.py``).
+* Nothing here knows about files or lines; ``load.py`` attaches those.
+
+Three kinds of spec file:
+
+* ``specs/hardware/<name>.toml`` -> ``HardwareSpec``; ``<name>`` is the key
+  of the target everywhere (``HARDWARE["bi_v100"]``, ``hw="bi_v100"``).
+* ``specs/models/<name>.toml`` -> ``ModelSpec``: the model dimensions that
+  policies are computed for.
+* ``specs/kernels/<file>.toml`` -> one or more ``ConfigSpec`` tables: a
+  config record (its fields), the variants it is resolved for, the checks
+  every resolved record must pass, and policies per vendor/arch threshold.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+# Vendors the compiler knows.  Arch numbers are per vendor and never compared
+# across vendors: iluvatar 100 (BI-V100) and nvidia 100 (B200) never meet.
+VENDORS = ("iluvatar", "nvidia")
+Vendor = Literal["iluvatar", "nvidia"]
+
+IDENT = r"^[a-z][a-z0-9_]*$"
+Ident = Annotated[str, Field(pattern=IDENT)]
+PosInt = Annotated[StrictInt, Field(gt=0)]
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------------------
+# Hardware
+
+
+class Features(Spec):
+    """Architectural features that select kernel structure, not just sizes."""
+
+    # cp.async (Ampere+): global->shared copies that overlap compute, which is
+    # what Triton's software pipelining (num_stages > 1) relies on.
+    async_copy: StrictBool
+    # Tensor Memory Accelerator bulk tensor copies (Hopper+): tensor
+    # descriptors in Triton kernels.
+    tma: StrictBool
+    # Warpgroup MMA (sm_90a only): Triton's Hopper matmul path.
+    wgmma: StrictBool
+    # 5th-generation tensor core instructions with tensor memory (sm_100).
+    tcgen05: StrictBool
+    # Thread block clusters usable from Triton (broken on sm_121, Triton #8335).
+    clusters: StrictBool
+
+
+class HardwareSpec(Spec):
+    """One target part.  Field names of the seed's HardwareCapability are kept."""
+
+    display_name: StrictStr
+    vendor: Vendor
+    # The vendor's own architecture number (NVIDIA: 10*major + minor of the
+    # compute capability; Iluvatar: its own numbering).  Policies chain on it.
+    arch: PosInt
+    # Substrings of the device name reported by the driver
+    # (torch.cuda.get_device_name) that identify this part; detect_hardware
+    # matches them before falling back to the arch.
+    device_names: tuple[Annotated[StrictStr, Field(min_length=1)], ...]
+    warp_size: PosInt
+    max_threads_per_block: PosInt
+    # Resident threads per SM; bounds occupancy.
+    max_threads_per_sm: PosInt
+    # Shared memory a block gets without opting in (48 KB on NVIDIA).
+    max_shared_memory_per_block: PosInt
+    # Shared memory a block may opt in to (Triton does so automatically); the
+    # limit a Triton kernel's tiles must fit.
+    max_shared_memory_per_block_optin: PosInt
+    shared_memory_per_sm: PosInt
+    max_registers_per_thread: PosInt
+    # None where the vendor publishes no figure (GB10); no rule may then read it.
+    l2_cache_size_bytes: PosInt | None = None
+    memory_bandwidth_gbps: PosInt
+    sm_count: PosInt
+    # Bytes each SM must keep in flight to saturate memory (CCCL's
+    # arch_to_min_bytes_in_flight for NVIDIA; measured for BI-V100).
+    bytes_in_flight: PosInt
+    features: Features
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "HardwareSpec":
+        if self.max_shared_memory_per_block_optin < self.max_shared_memory_per_block:
+            raise ValueError(
+                "max_shared_memory_per_block_optin must be >= max_shared_memory_per_block "
+                f"({self.max_shared_memory_per_block_optin} < {self.max_shared_memory_per_block})"
+            )
+        if self.shared_memory_per_sm < self.max_shared_memory_per_block_optin:
+            raise ValueError("shared_memory_per_sm must be >= max_shared_memory_per_block_optin")
+        if self.max_threads_per_sm < self.max_threads_per_block:
+            raise ValueError("max_threads_per_sm must be >= max_threads_per_block")
+        if self.max_threads_per_block % self.warp_size:
+            raise ValueError("max_threads_per_block must be a multiple of warp_size")
+        return self
+
+
+# ---------------------------------------------------------------------------
+# Models (the network a policy is tuned for)
+
+
+class ModelSpec(Spec):
+    display_name: StrictStr
+    head_dim: PosInt
+    num_kv_heads: PosInt
+    max_seq_len: PosInt
+    # Concurrent sequences the server runs (vLLM --max-num-seqs).
+    max_num_seqs: PosInt
+    num_experts: PosInt
+    top_k: PosInt
+    hidden_size: PosInt
+    intermediate_size: PosInt
+
+
+# ---------------------------------------------------------------------------
+# Kernel configs and policies
+
+FieldType = Literal["int", "float", "bool", "str"]
+Scalar = StrictBool | StrictInt | StrictFloat | StrictStr
+
+
+class FieldSpec(Spec):
+    """One field of a generated config record."""
+
+    type: FieldType
+    doc: StrictStr
+    # Allowed values (for enumerations such as a kernel kind).
+    choices: tuple[Scalar, ...] | None = None
+
+
+class ExprRule(Spec):
+    """``{ expr = "..." }``: the value is the expression's value."""
+
+    expr: StrictStr
+
+
+class PickRule(Spec):
+    """``{ largest = [..], where = ".." }`` / ``{ smallest = [..], where = ".." }``.
+
+    The candidates are tried from largest (or smallest) down (or up); the
+    first for which ``where`` holds, with the field's own name bound to the
+    candidate, is the value.  No candidate holding is an error.
+    """
+
+    largest: tuple[StrictInt, ...] | None = Field(default=None, min_length=1)
+    smallest: tuple[StrictInt, ...] | None = Field(default=None, min_length=1)
+    where: StrictStr
+
+    @model_validator(mode="after")
+    def _one_direction(self) -> "PickRule":
+        if (self.largest is None) == (self.smallest is None):
+            raise ValueError("give exactly one of 'largest' or 'smallest'")
+        return self
+
+    @property
+    def ordered(self) -> tuple[int, ...]:
+        if self.largest is not None:
+            return tuple(sorted(self.largest, reverse=True))
+        assert self.smallest is not None
+        return tuple(sorted(self.smallest))
+
+
+Rule = ExprRule | PickRule
+
+
+class CheckSpec(Spec):
+    """A condition every resolved record must satisfy on its target."""
+
+    name: StrictStr
+    rule: StrictStr
+    # Only checked when this holds (e.g. only for buckets that run Triton).
+    when: StrictStr | None = None
+    # Format string for the failure message; may use {hw.x}, {model.x},
+    # params, fields and derived values, e.g. "{smem_bytes:,} B".
+    message: StrictStr | None = None
+
+
+class BucketDims(Spec):
+    """Run-time dimensions a bucketed config's buckets may bound."""
+
+    dims: tuple[Annotated[str, Field(pattern=r"^[a-z]$")], ...] = Field(min_length=1)
+    doc: StrictStr
+
+
+class ConfigSpec(Spec):
+    """One config record and its policies (a top-level table of a kernel file)."""
+
+    record: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$")]
+    doc: StrictStr
+    # Model spec the rules see as ``model``; None if the config needs none.
+    model: Ident | None = None
+    # Names this config is resolved under, each binding parameters the rules
+    # see as plain names (e.g. dtype_bytes).  Default: one variant named after
+    # the config with no parameters.
+    variants: dict[Ident, dict[Ident, Scalar]] | None = None
+    # Extra dispatch names for existing variants (e.g. attention -> attention_fp16).
+    aliases: dict[Ident, Ident] = {}
+    fields: dict[Ident, FieldSpec] = Field(min_length=1)
+    # Named intermediate values (rules) the checks and messages may use; not emitted.
+    derived: dict[Ident, StrictStr] = {}
+    checks: tuple[CheckSpec, ...] = ()
+    # Present for configs whose policies are lists of shape buckets.
+    buckets: BucketDims | None = None
+    # Raw policy tables: validated against this config's fields by load.py,
+    # which knows the field types (see policy_model()).
+    policy: tuple[dict[str, Any], ...] = ()
+    # Serves any target no threshold serves (any vendor, below every threshold,
+    # or past a max_arch).  Without one, such a target is an error.
+    base: dict[str, Any] | None = None
+
+    @field_validator("variants")
+    @classmethod
+    def _variants_nonempty(cls, v: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+        if v is not None and not v:
+            raise ValueError("variants, when given, must name at least one variant")
+        return v
+
+    @model_validator(mode="after")
+    def _has_policy(self) -> "ConfigSpec":
+        if not self.policy and self.base is None:
+            raise ValueError("a config needs at least one [[policy]] table or a [base] policy")
+        return self
+
+    def variant_params(self, config_name: str) -> dict[str, dict[str, Any]]:
+        return dict(self.variants) if self.variants is not None else {config_name: {}}
+
+
+# Keys of a policy table that are not record fields.
+POLICY_KEYS = ("vendor", "min_arch", "max_arch", "note", "bucket")
+# Keys of a bucket table that are not record fields: a name and bounds.
+BUCKET_KEYS = ("name", "note")
+BOUND_RE = re.compile(r"^([a-z])_(min|max)$")

@@ -1,0 +1,248 @@
+"""The rule language: small, side-effect-free Python expressions in specs.
+
+Policies state derived parameters as expressions evaluated against each
+target, e.g. ``triton_block_n * model.head_dim * dtype_bytes * 2 <=
+hw.max_shared_memory_per_block``.  Expressions are parsed with ``ast`` and
+walked by this module; nothing is ever passed to ``eval``.
+
+Allowed: int/float/bool/str constants; names; attribute access on the
+``hw`` and ``model`` namespaces; ``+ - * / // % **``; unary ``- + not``;
+``and``/``or``; comparison chains; ``a if c else b``; calls of the functions
+in ``FUNCTIONS``.  Anything else is rejected when the spec is loaded, so a
+malformed rule is reported with its file and key before resolution starts.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+
+class RuleError(Exception):
+    """A rule failed to parse or evaluate; the message says why, in words."""
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _clamp(x: Any, lo: Any, hi: Any) -> Any:
+    return max(lo, min(hi, x))
+
+
+def _pow2_floor(x: int) -> int:
+    if x < 1:
+        raise RuleError(f"pow2_floor needs a positive argument, got {x}")
+    return 1 << (int(x).bit_length() - 1)
+
+
+def _pow2_ceil(x: int) -> int:
+    if x < 1:
+        raise RuleError(f"pow2_ceil needs a positive argument, got {x}")
+    return 1 << (int(x) - 1).bit_length()
+
+
+# Functions a rule may call.  Pure, total on their documented domain.
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "ceil_div": _ceil_div,
+    "clamp": _clamp,
+    "pow2_floor": _pow2_floor,
+    "pow2_ceil": _pow2_ceil,
+    "log2": lambda x: math.log2(x),
+    "int": int,
+}
+
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_CMPOPS: dict[type, tuple[Callable[[Any, Any], bool], str]] = {
+    ast.Lt: (operator.lt, "<"),
+    ast.LtE: (operator.le, "<="),
+    ast.Gt: (operator.gt, ">"),
+    ast.GtE: (operator.ge, ">="),
+    ast.Eq: (operator.eq, "=="),
+    ast.NotEq: (operator.ne, "!="),
+}
+# Names that are namespaces: ``hw.sm_count``, ``model.head_dim``.
+NAMESPACES = ("hw", "model")
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed rule.  ``names`` are the free (non-namespace) names it reads."""
+
+    source: str
+    tree: ast.Expression
+    names: frozenset[str]
+    attrs: frozenset[tuple[str, str]]  # (namespace, attribute) pairs it reads
+
+    def __repr__(self) -> str:
+        return f"Expr({self.source!r})"
+
+
+def parse(source: str) -> Expr:
+    """Parse and vet ``source``; raise RuleError naming the first offending construct."""
+    if not isinstance(source, str) or not source.strip():
+        raise RuleError("a rule must be a non-empty expression string")
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise RuleError(f"not a valid expression: {exc.msg}") from None
+    names: set[str] = set()
+    attrs: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if not (isinstance(node.value, ast.Name) and node.value.id in NAMESPACES):
+                raise RuleError(f"attribute access is only allowed on {', '.join(NAMESPACES)}")
+            attrs.add((node.value.id, node.attr))
+        elif isinstance(node, ast.Name):
+            if node.id in FUNCTIONS or node.id in NAMESPACES:
+                continue
+            names.add(node.id)
+        elif isinstance(node, ast.Call):
+            if not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS) or node.keywords:
+                raise RuleError(f"only calls of {', '.join(sorted(FUNCTIONS))} with positional arguments are allowed")
+        elif isinstance(node, ast.Constant):
+            if not isinstance(node.value, (int, float, str, bool)):
+                raise RuleError(f"constant {node.value!r} is not allowed")
+        elif isinstance(node, ast.BinOp) and type(node.op) not in _BINOPS:
+            raise RuleError(f"operator {type(node.op).__name__} is not allowed")
+        elif isinstance(node, ast.Compare) and any(type(op) not in _CMPOPS for op in node.ops):
+            raise RuleError("only < <= > >= == != comparisons are allowed")
+        elif not isinstance(
+            node,
+            (
+                ast.Expression,
+                ast.BinOp,
+                ast.UnaryOp,
+                ast.BoolOp,
+                ast.Compare,
+                ast.IfExp,
+                ast.Load,
+                ast.operator,
+                ast.unaryop,
+                ast.boolop,
+                ast.cmpop,
+            ),
+        ):
+            raise RuleError(f"{type(node).__name__} is not allowed in a rule")
+        if isinstance(node, ast.UnaryOp) and not isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+            raise RuleError(f"operator {type(node.op).__name__} is not allowed")
+    return Expr(source=source.strip(), tree=tree, names=frozenset(names), attrs=frozenset(attrs))
+
+
+class Env:
+    """What a rule can see: a name lookup and namespaces (mappings of attributes)."""
+
+    def __init__(self, lookup: Callable[[str], Any], namespaces: Mapping[str, Mapping[str, Any]]):
+        self.lookup = lookup
+        self.namespaces = namespaces
+
+    def attr(self, ns: str, name: str) -> Any:
+        space = self.namespaces.get(ns)
+        if space is None:
+            raise RuleError(f"'{ns}' is not available here")
+        if name not in space:
+            raise RuleError(f"'{ns}.{name}' is not defined (known: {', '.join(sorted(space))})")
+        return space[name]
+
+
+def evaluate(expr: Expr, env: Env) -> Any:
+    try:
+        return _eval(expr.tree.body, env)
+    except RuleError:
+        raise
+    except (ArithmeticError, TypeError, ValueError) as exc:
+        raise RuleError(f"evaluating '{expr.source}' failed: {exc}") from None
+
+
+def _eval(node: ast.AST, env: Env) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in FUNCTIONS:
+            raise RuleError(f"'{node.id}' is a function; call it")
+        return env.lookup(node.id)
+    if isinstance(node, ast.Attribute):
+        return env.attr(node.value.id, node.attr)  # type: ignore[attr-defined]
+    if isinstance(node, ast.BinOp):
+        return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand, env)
+        if isinstance(node.op, ast.Not):
+            return not value
+        return -value if isinstance(node.op, ast.USub) else +value
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            result: Any = True
+            for sub in node.values:
+                result = _eval(sub, env)
+                if not result:
+                    return result
+            return result
+        result = False
+        for sub in node.values:
+            result = _eval(sub, env)
+            if result:
+                return result
+        return result
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, env)
+            if not _CMPOPS[type(op)][0](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
+    if isinstance(node, ast.Call):
+        args = [_eval(a, env) for a in node.args]
+        return FUNCTIONS[node.func.id](*args)  # type: ignore[attr-defined]
+    raise RuleError(f"{type(node).__name__} is not allowed in a rule")  # parse() vets this
+
+
+def explain_failure(expr: Expr, env: Env) -> str:
+    """Say why a boolean rule is false: the failing comparison with both sides' values.
+
+    ``a * b <= c`` becomes ``a * b = 131,072 > c = 49,152``.  Falls back to the
+    source text when the false part is not a comparison.
+    """
+    node = _failing_node(expr.tree.body, env)
+    if isinstance(node, ast.Compare):
+        left_node = node.left
+        left = _eval(left_node, env)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, env)
+            fn, symbol = _CMPOPS[type(op)]
+            if not fn(left, right):
+                negated = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}[symbol]
+                return f"{_show(left_node, left)} {negated} {_show(comp, right)}"
+            left_node, left = comp, right
+    return f"'{ast.unparse(node)}' is false"
+
+
+def _failing_node(node: ast.AST, env: Env) -> ast.AST:
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+        for sub in node.values:
+            if not _eval(sub, env):
+                return _failing_node(sub, env)
+    return node
+
+
+def _show(node: ast.AST, value: Any) -> str:
+    text = ast.unparse(node)
+    shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
+    return shown if isinstance(node, ast.Constant) else f"{text} = {shown}"
