@@ -1,0 +1,394 @@
+"""Stage 2, SpecTree -> Resolution: chain, evaluate, validate and collapse policies.
+
+For every config variant and every target:
+
+1. Chain (as CCCL's ChainedPolicy): take the policy of the target's vendor
+   with the largest ``min_arch`` <= the target's arch.  Vendors never mix:
+   iluvatar 100 and nvidia 100 are unrelated numbers.  A policy with
+   ``max_arch`` does not chain past it.  No policy: the config's base policy,
+   else an error.
+2. Evaluate the policy's rules against that target (``hw``), the config's
+   model (``model``) and the variant's parameters, in dependency order.
+3. Validate the record against the target's own limits (the config's
+   checks).  A policy written for one arch can overflow a later one: shared
+   memory is not monotonic in arch (8.0: 163 KB per block, 8.6/8.9: 99 KB).
+4. Collapse: targets of one vendor whose resolved records are equal (by
+   value, neighbours or not) share one instantiation, named after the lowest
+   arch in the group (CCCL's lowest-CC resolver).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from . import rules
+from .errors import SpecErrors, SpecProblem
+from .load import Bound, Check, Config, Hardware, Policy, SpecTree, Value
+
+Record = tuple[tuple[str, Any], ...]  # (field, value) in declared field order
+
+
+@dataclass(frozen=True)
+class ResolvedBucket:
+    name: str
+    note: str
+    bounds: tuple[Bound, ...]
+    record: Record
+
+    @property
+    def key(self) -> tuple:
+        return (self.name, self.bounds, self.record)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One config variant on one target."""
+
+    target: str
+    policy: Policy
+    record: Record | None  # plain configs
+    buckets: tuple[ResolvedBucket, ...] | None  # bucketed configs
+
+    @property
+    def key(self) -> tuple:
+        """What makes two targets share an instantiation: the values, not where they came from."""
+        if self.buckets is not None:
+            return tuple(b.key for b in self.buckets)
+        return self.record  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Instantiation:
+    """A group of targets of one vendor with equal resolved values."""
+
+    suffix: str  # e.g. "nvidia80": vendor and lowest arch in the group
+    vendor: str
+    arch: int
+    targets: tuple[str, ...]  # sorted by (arch, name)
+    policies: tuple[str, ...]  # labels of the policies the members chained to
+    value: Resolved  # the member with the lowest arch (all members' keys are equal)
+
+
+@dataclass(frozen=True)
+class VariantResolution:
+    config: Config
+    variant: str
+    params: Mapping[str, Any]
+    resolved: Mapping[str, Resolved]  # target name -> resolution, in target order
+    instantiations: tuple[Instantiation, ...]  # sorted by (vendor, arch, suffix)
+    target_instantiation: Mapping[str, str]  # target name -> instantiation suffix
+
+    @property
+    def name(self) -> str:
+        return self.variant
+
+
+@dataclass(frozen=True)
+class Resolution:
+    tree: SpecTree
+    variants: tuple[VariantResolution, ...]  # sorted by (config name, variant name)
+
+    def for_config(self, name: str) -> tuple[VariantResolution, ...]:
+        return tuple(v for v in self.variants if v.config.name == name)
+
+
+# ---------------------------------------------------------------------------
+
+
+def hw_namespace(hw: Hardware) -> dict[str, Any]:
+    """What rules see as ``hw``: the spec's numbers, its features, and derived figures."""
+    spec = hw.spec
+    ns = spec.model_dump(exclude={"features", "device_names", "display_name"})
+    ns.update(spec.features.model_dump())
+    ns["name"] = hw.name
+    ns["bandwidth_per_sm_gbps"] = spec.memory_bandwidth_gbps / spec.sm_count
+    return ns
+
+
+def resolve(tree: SpecTree) -> Resolution:
+    found: list[tuple[SpecProblem, Config, str]] = []
+    hw_ns = {hw.name: hw_namespace(hw) for hw in tree.hardware}
+    out: list[VariantResolution] = []
+    for cfg in tree.configs:
+        model_ns = tree.models[cfg.spec.model].spec.model_dump(exclude={"display_name"}) if cfg.spec.model else {}
+        for variant in sorted(cfg.variants):
+            params = cfg.variants[variant]
+            problems: list[SpecProblem] = []
+            resolved: dict[str, Resolved] = {}
+            for hw in tree.hardware:
+                r = _resolve_one(cfg, params, hw, hw_ns[hw.name], model_ns, problems)
+                if r is not None:
+                    resolved[hw.name] = r
+            found += [(p, cfg, variant) for p in problems]
+            if not problems:
+                out.append(_collapse(cfg, variant, params, resolved, tree))
+    if found:
+        raise SpecErrors(_merge_variants(found))
+    return Resolution(tree=tree, variants=tuple(out))
+
+
+def _merge_variants(found: list[tuple[SpecProblem, Config, str]]) -> list[SpecProblem]:
+    """A problem that several variants of a config share is reported once, naming them."""
+    merged: dict[str, tuple[SpecProblem, Config, list[str]]] = {}
+    for p, cfg, variant in found:
+        merged.setdefault(p.render(), (p, cfg, []))[2].append(variant)
+    out = []
+    for p, cfg, variants in merged.values():
+        if len(cfg.variants) > 1:
+            p = replace(p, rule=f"{p.rule} [variant{'s' if len(variants) > 1 else ''} {', '.join(variants)}]")
+        out.append(p)
+    return out
+
+
+def chain(cfg: Config, hw: Hardware) -> Policy | None:
+    """The policy that serves ``hw``: the largest threshold <= its arch, same vendor only."""
+    best = None
+    for pol in cfg.policies:
+        if pol.vendor == hw.spec.vendor and pol.min_arch is not None and pol.min_arch <= hw.spec.arch:
+            if best is None or pol.min_arch > best.min_arch:  # type: ignore[operator]
+                best = pol
+    if best is not None and best.max_arch is not None and hw.spec.arch > best.max_arch:
+        best = None
+    return best if best is not None else cfg.base
+
+
+def _resolve_one(
+    cfg: Config,
+    params: Mapping[str, Any],
+    hw: Hardware,
+    hw_ns: Mapping[str, Any],
+    model_ns: Mapping[str, Any],
+    problems: list[SpecProblem],
+) -> Resolved | None:
+    policy = chain(cfg, hw)
+    if policy is None:
+        vendor_policies = [p for p in cfg.policies if p.vendor == hw.spec.vendor]
+        if vendor_policies and all(p.min_arch > hw.spec.arch for p in vendor_policies):  # type: ignore[operator]
+            why = (
+                f"arch {hw.spec.arch} is below every {hw.spec.vendor} threshold "
+                f"({', '.join(str(p.min_arch) for p in vendor_policies)}) and there is no base policy"
+            )
+        elif vendor_policies:
+            capped = max((p for p in vendor_policies if p.min_arch <= hw.spec.arch), key=lambda p: p.min_arch)  # type: ignore[operator]
+            why = f"the chained policy {capped.label} stops at max_arch {capped.max_arch} and there is no base policy"
+        else:
+            why = f"no {hw.spec.vendor} policy and no base policy"
+        problems.append(
+            cfg.source.problem(
+                (cfg.name, "policy"),
+                f"no policy for target {hw.name} ({hw.spec.vendor} arch {hw.spec.arch}, {hw.source.path}): {why}",
+            )
+        )
+        return None
+
+    context = f"policy {policy.label} on target {hw.name} ({hw.spec.vendor} {hw.spec.arch}, {hw.source.path})"
+    if policy.buckets is None:
+        record = _evaluate(cfg, policy.values, params, hw_ns, model_ns, policy.keypath, context, problems)
+        return None if record is None else Resolved(hw.name, policy, record, None)
+    buckets = []
+    ok = True
+    for bucket in policy.buckets:
+        record = _evaluate(
+            cfg, bucket.values, params, hw_ns, model_ns, bucket.keypath, f"{context}, bucket {bucket.name}", problems
+        )
+        if record is None:
+            ok = False
+        else:
+            buckets.append(ResolvedBucket(bucket.name, bucket.note, bucket.bounds, record))
+    return Resolved(hw.name, policy, None, tuple(buckets)) if ok else None
+
+
+def _evaluate(
+    cfg: Config,
+    values: Mapping[str, Value],
+    params: Mapping[str, Any],
+    hw_ns: Mapping[str, Any],
+    model_ns: Mapping[str, Any],
+    keypath: tuple,
+    context: str,
+    problems: list[SpecProblem],
+) -> Record | None:
+    """Evaluate every field of one record, then run the config's checks on it."""
+    scope = _Scope(cfg, values, params, hw_ns, model_ns)
+    record = []
+    for name, field_spec in cfg.spec.fields.items():
+        try:
+            value = scope.get(name)
+        except rules.RuleError as exc:
+            where = getattr(exc, "keypath", None) or values[name].keypath
+            problems.append(cfg.source.problem(where, f"{context}: {exc}"))
+            return None
+        err = _type_error(name, field_spec.type, field_spec.choices, value)
+        if err:
+            problems.append(cfg.source.problem(values[name].keypath, f"{context}: {err}", value=value))
+            return None
+        record.append((name, value))
+    failed = False
+    for check in cfg.checks:
+        msg = _run_check(check, scope)
+        if msg:
+            problems.append(cfg.source.problem(keypath, f"{context}: fails check '{check.spec.name}': {msg}"))
+            failed = True
+    return None if failed else tuple(record)
+
+
+def _type_error(name: str, ftype: str, choices: tuple | None, value: Any) -> str | None:
+    ok = {
+        "int": type(value) is int,
+        "float": type(value) in (int, float),
+        "bool": type(value) is bool,
+        "str": type(value) is str,
+    }[ftype]
+    if not ok:
+        return f"rule for '{name}' gave a {type(value).__name__}; the field is {ftype}"
+    if choices is not None and value not in choices:
+        return f"rule for '{name}' gave a value outside {', '.join(map(repr, choices))}"
+    return None
+
+
+def _run_check(check: Check, scope: "_Scope") -> str | None:
+    env = scope.env()
+    try:
+        if check.when is not None and not rules.evaluate(check.when, env):
+            return None
+        if rules.evaluate(check.rule, env):
+            return None
+        detail = rules.explain_failure(check.rule, env)
+        if check.spec.message:
+            return f"{_format_message(check.spec.message, scope)} ({detail})"
+        return detail
+    except rules.RuleError as exc:
+        return str(exc)
+
+
+class _Namespace:
+    """Attribute access for str.format in check messages: {hw.sm_count}."""
+
+    def __init__(self, values: Mapping[str, Any]):
+        self.__dict__.update(values)
+
+
+def _format_message(template: str, scope: "_Scope") -> str:
+    class Lookup(dict):
+        def __missing__(self, key: str) -> Any:
+            if key == "hw":
+                return _Namespace(scope.hw_ns)
+            if key == "model":
+                return _Namespace(scope.model_ns)
+            return scope.get(key)
+
+    try:
+        return template.format_map(Lookup())
+    except (KeyError, AttributeError, ValueError, IndexError, rules.RuleError) as exc:
+        return f"{template} [message could not be formatted: {exc}]"
+
+
+class _Scope:
+    """Lazy, memoised evaluation of one record's fields and derived values."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        values: Mapping[str, Value],
+        params: Mapping[str, Any],
+        hw_ns: Mapping[str, Any],
+        model_ns: Mapping[str, Any],
+    ):
+        self.cfg = cfg
+        self.values = values
+        self.params = params
+        self.hw_ns = hw_ns
+        self.model_ns = model_ns
+        self.cache: dict[str, Any] = {}
+        self.stack: list[str] = []
+
+    def env(self, override: tuple[str, Any] | None = None) -> rules.Env:
+        def lookup(name: str) -> Any:
+            if override is not None and name == override[0]:
+                return override[1]
+            return self.get(name)
+
+        return rules.Env(lookup, {"hw": self.hw_ns, "model": self.model_ns})
+
+    def get(self, name: str) -> Any:
+        if name in self.cache:
+            return self.cache[name]
+        if name in self.params:
+            return self.params[name]
+        if name in self.stack:
+            cycle = " -> ".join(self.stack[self.stack.index(name) :] + [name])
+            raise rules.RuleError(f"rules depend on each other in a cycle: {cycle}")
+        self.stack.append(name)
+        try:
+            if name in self.values:
+                try:
+                    value = self._value(name, self.values[name])
+                except rules.RuleError as exc:
+                    # Report at the value whose rule failed, not at a field that reads it.
+                    if getattr(exc, "keypath", None) is None:
+                        exc.keypath = self.values[name].keypath  # type: ignore[attr-defined]
+                    raise
+            elif name in self.cfg.derived:
+                value = rules.evaluate(self.cfg.derived[name], self.env())
+            else:  # load.py checked every name a rule reads
+                raise rules.RuleError(f"'{name}' is not defined")
+        finally:
+            self.stack.pop()
+        self.cache[name] = value
+        return value
+
+    def _value(self, name: str, value: Value) -> Any:
+        if value.expr is None:
+            return value.literal
+        if value.candidates is None:
+            return rules.evaluate(value.expr, self.env())
+        for candidate in value.candidates:
+            if rules.evaluate(value.expr, self.env((name, candidate))):
+                return candidate
+        last = value.candidates[-1]
+        why = rules.explain_failure(value.expr, self.env((name, last)))
+        return _raise(
+            f"no candidate for '{name}' in {list(value.candidates)} satisfies '{value.expr.source}' "
+            f"(the last, {last}: {why})"
+        )
+
+
+def _raise(message: str) -> Any:
+    raise rules.RuleError(message)
+
+
+# ---------------------------------------------------------------------------
+
+
+def _collapse(
+    cfg: Config, variant: str, params: Mapping[str, Any], resolved: dict[str, Resolved], tree: SpecTree
+) -> VariantResolution:
+    by_name = {hw.name: hw for hw in tree.hardware}
+    groups: dict[tuple, list[str]] = {}
+    for target in resolved:  # tree.hardware order: (vendor, arch, name)
+        groups.setdefault((by_name[target].spec.vendor, resolved[target].key), []).append(target)
+
+    raw = []
+    for (vendor, _key), members in groups.items():
+        members.sort(key=lambda t: (by_name[t].spec.arch, t))
+        lead = by_name[members[0]]
+        policies = tuple(dict.fromkeys(resolved[t].policy.label for t in members))
+        raw.append((vendor, lead.spec.arch, members, policies))
+
+    base_names = [f"{vendor}{arch}" for vendor, arch, _, _ in raw]
+    insts = []
+    for (vendor, arch, members, policies), base in zip(raw, base_names):
+        suffix = base if base_names.count(base) == 1 else f"{base}_{members[0]}"
+        insts.append(Instantiation(suffix, vendor, arch, tuple(members), policies, resolved[members[0]]))
+    insts.sort(key=lambda i: (i.vendor, i.arch, i.suffix))
+    target_inst = {t: inst.suffix for inst in insts for t in inst.targets}
+    ordered = {t: resolved[t] for t in resolved}
+    return VariantResolution(
+        config=cfg,
+        variant=variant,
+        params=dict(params),
+        resolved=ordered,
+        instantiations=tuple(insts),
+        target_instantiation={t: target_inst[t] for t in ordered},
+    )
