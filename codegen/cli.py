@@ -1,0 +1,173 @@
+"""Command line: ``python -m codegen {build,check,show}``.
+
+Exit codes (as black documents its own):
+
+    0  success; for ``check``, generated/ is current
+    1  ``check`` only: generated/ is stale (a diff per changed file, the
+       missing and extra files, and the fix are printed)
+    2  invalid specs or usage; one message per problem, no traceback, and
+       generated/ untouched
+    3  internal error (a bug in codegen or a template): traceback printed
+
+``build`` renders everything in memory first and writes only files whose
+bytes changed; ``check`` writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from . import pipeline, write
+from .errors import SpecErrors
+from .render import Rendered
+from .resolve import Resolution
+
+EXIT_OK, EXIT_STALE, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
+OUT_DIR = "generated"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_root() -> Path:
+    cwd = Path.cwd()
+    return cwd if (cwd / "specs").is_dir() else PACKAGE_ROOT
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="codegen", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", type=Path, default=None, help="project root holding specs/ and generated/")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{build,check,show}")
+    sub.add_parser("build", help="write generated/ from specs/ (only files whose bytes change)")
+    sub.add_parser("check", help="exit 1 with a diff if generated/ is not what build would write")
+    show = sub.add_parser("show", help="table of resolved policies per target and collapse groups")
+    show.add_argument("kernel", nargs="?", help="a config or variant name (default: all)")
+    show.add_argument("--hw", help="only this hardware spec name")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
+        return int(exc.code or 0)
+    root = (args.root or default_root()).resolve()
+    try:
+        if args.command == "show":
+            return _show(pipeline.run(root, until="tree_to_resolution"), args.kernel, args.hw, out, err)
+        rendered = pipeline.run(root)
+        if args.command == "build":
+            return _build(rendered, root, out)
+        return _check(rendered, root, out)
+    except SpecErrors as exc:
+        n = len(exc.problems)
+        print(f"codegen: {n} problem{'s' if n != 1 else ''} in the specs; generated/ was not changed:", file=err)
+        for p in exc.problems:
+            print(f"  {p.render()}", file=err)
+        return EXIT_INVALID
+    except Exception:  # a bug, not bad input: say so, with the traceback
+        print("codegen: internal error (please report):", file=err)
+        traceback.print_exc(file=err)
+        return EXIT_INTERNAL
+
+
+def _build(rendered: Rendered, root: Path, out: TextIO) -> int:
+    plan = write.plan(rendered, root / OUT_DIR)
+    write.apply(plan)
+    for change in plan.changes:
+        verb = {"create": "created", "update": "updated", "delete": "deleted stale"}[change.kind]
+        print(f"{verb} {OUT_DIR}/{change.path}", file=out)
+    for rel in plan.foreign:
+        print(f"left alone {OUT_DIR}/{rel} (no 'Code generated' marker)", file=out)
+    if not plan.changes:
+        print(f"{OUT_DIR}/ is up to date ({len(plan.unchanged)} files)", file=out)
+    return EXIT_OK
+
+
+def _check(rendered: Rendered, root: Path, out: TextIO) -> int:
+    plan = write.plan(rendered, root / OUT_DIR)
+    if not plan.stale:
+        print(f"{OUT_DIR}/ is up to date ({len(plan.unchanged)} files)", file=out)
+        return EXIT_OK
+    for change in plan.changes:
+        if change.kind == "create":
+            print(f"missing: {OUT_DIR}/{change.path}", file=out)
+        elif change.kind == "delete":
+            print(f"extra (orphan, carries the marker): {OUT_DIR}/{change.path}", file=out)
+        else:
+            print(f"stale: {OUT_DIR}/{change.path}", file=out)
+        out.write(write.diff(change, OUT_DIR))
+    n = len(plan.changes)
+    print(f"{OUT_DIR}/ is stale ({n} file{'s' if n != 1 else ''}); run `python -m codegen build` to update", file=out)
+    return EXIT_STALE
+
+
+# ---------------------------------------------------------------------------
+# show
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err: TextIO) -> int:
+    tree = res.tree
+    names = {hw_.name for hw_ in tree.hardware}
+    if hw is not None and hw not in names:
+        print(f"codegen show: unknown hardware {hw!r}; known: {', '.join(sorted(names))}", file=err)
+        return EXIT_INVALID
+    variants = [
+        v
+        for v in res.variants
+        if kernel is None or kernel in (v.config.name, v.variant) or v.config.spec.aliases.get(kernel) == v.variant
+    ]
+    if not variants:
+        known = sorted({v.config.name for v in res.variants} | {v.variant for v in res.variants})
+        print(f"codegen show: unknown kernel {kernel!r}; known: {', '.join(known)}", file=err)
+        return EXIT_INVALID
+    archs = {h.name: (h.spec.vendor, h.spec.arch) for h in tree.hardware}
+    blocks = []
+    for vr in variants:
+        cfg = vr.config
+        src = cfg.source
+        params = ", ".join(f"{k}={v!r}" for k, v in sorted(vr.params.items()))
+        title = f"== {vr.variant} ({cfg.spec.record}, {src.path}{'; ' + params if params else ''}) =="
+        targets = [t for t in vr.resolved if hw is None or t == hw]
+        rows = [["target", "vendor", "arch", "policy (line)", "instantiation"]]
+        for t in targets:
+            pol = vr.resolved[t].policy
+            rows.append(
+                [t, archs[t][0], str(archs[t][1]), f"{pol.label} ({src.line(pol.keypath)})", vr.target_instantiation[t]]
+            )
+        insts = [i for i in vr.instantiations if any(t in i.targets for t in targets)]
+        lines = [
+            title,
+            _table(rows),
+            "",
+            "instantiations (targets with equal records share one, named after the lowest arch):",
+        ]
+        lines += [f"  {i.suffix}: {', '.join(i.targets)}" for i in insts]
+        lines.append("")
+        if cfg.bucketed:
+            for inst in insts:
+                assert inst.value.buckets is not None
+                lines.append(f"{inst.suffix} buckets (first match wins):")
+                fields = list(cfg.spec.fields)
+                brows = [["bucket", "bounds"] + fields]
+                for b in inst.value.buckets:
+                    bounds = " ".join(f"{x.dim}{'<=' if x.kind == 'max' else '>='}{x.value}" for x in b.bounds) or "any"
+                    brows.append([b.name, bounds] + [str(v) for _, v in b.record])
+                lines += [_table(brows), ""]
+        else:
+            frows = [["field"] + [i.suffix for i in insts]]
+            for j, fname in enumerate(cfg.spec.fields):
+                frows.append([fname] + [repr(i.value.record[j][1]) for i in insts])  # type: ignore[index]
+            lines += [_table(frows), ""]
+        blocks.append("\n".join(lines))
+    out.write("\n".join(blocks))
+    return EXIT_OK
