@@ -1,0 +1,95 @@
+"""Shared helpers: temporary project trees and in-process CLI runs."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from codegen.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(*argv: str) -> CliResult:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the real project's specs/ and committed generated/ in a temporary root."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    shutil.copytree(REPO / "specs", root / "specs")
+    shutil.copytree(REPO / "generated", root / "generated", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Bytes and mtime of every file below ``folder``: equal snapshots mean untouched."""
+    return {
+        p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def hw_toml(vendor: str = "nvidia", arch: int = 80, *, optin: int = 166912, per_sm: int | None = None, **over) -> str:
+    """A minimal, valid hardware spec; keyword arguments override fields."""
+    fields = {
+        "display_name": f'"{vendor} {arch}"',
+        "vendor": f'"{vendor}"',
+        "arch": arch,
+        "device_names": f'["{vendor.upper()}{arch}X{optin}"]',
+        "warp_size": 32,
+        "max_threads_per_block": 1024,
+        "max_threads_per_sm": 2048,
+        "max_shared_memory_per_block": 49152,
+        "max_shared_memory_per_block_optin": optin,
+        "shared_memory_per_sm": per_sm or optin + 1024,
+        "max_registers_per_thread": 255,
+        "l2_cache_size_bytes": 1 << 20,
+        "memory_bandwidth_gbps": 1000,
+        "sm_count": 100,
+        "bytes_in_flight": 16384,
+    }
+    fields.update(over)
+    body = "\n".join(f"{k} = {v}" for k, v in fields.items())
+    return body + "\n\n[features]\nasync_copy = true\ntma = false\nwgmma = false\ntcgen05 = false\nclusters = false\n"
+
+
+MODEL_TOML = """display_name = "m"
+head_dim = 256
+num_kv_heads = 4
+max_seq_len = 1000
+max_num_seqs = 1
+num_experts = 8
+top_k = 2
+hidden_size = 512
+intermediate_size = 1024
+"""
+
+
+def make_tree(
+    root: Path, hardware: dict[str, str], kernels: dict[str, str], models: dict[str, str] | None = None
+) -> Path:
+    """Write a spec tree under ``root``: {stem: toml text} per folder."""
+    for folder, files in (("hardware", hardware), ("kernels", kernels), ("models", models or {"m": MODEL_TOML})):
+        d = root / "specs" / folder
+        d.mkdir(parents=True, exist_ok=True)
+        for stem, text in files.items():
+            (d / f"{stem}.toml").write_text(textwrap.dedent(text))
+    return root

@@ -1,0 +1,187 @@
+"""Invalid input: one message per problem with file, key path, line, value and rule; exit 2;
+no traceback; generated/ untouched."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli, snapshot
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def line_of(path: Path, needle: str) -> int:
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        if needle in line:
+            return i
+    raise AssertionError(needle)
+
+
+# (name, file, old text, new text, fragments every message must contain, line needle or None)
+CASES = [
+    (
+        "malformed toml",
+        "specs/kernels/moe.toml",
+        "block_size_n = 64\n",
+        "block_size_n = = 64\n",
+        ["specs/kernels/moe.toml:", "malformed TOML"],
+        "block_size_n = = 64",
+    ),
+    (
+        "unknown key",
+        "specs/hardware/h200.toml",
+        "warp_size = 32",
+        "warp_sise = 32",
+        ["specs/hardware/h200.toml:", "warp_sise: unknown key", "(got 32)"],
+        "warp_sise",
+    ),
+    (
+        "wrong type",
+        "specs/hardware/h200.toml",
+        "sm_count = 132 ",
+        'sm_count = "132" ',
+        ["specs/hardware/h200.toml:", "sm_count: Input should be a valid integer", "(got '132')"],
+        "sm_count",
+    ),
+    (
+        "missing field",
+        "specs/hardware/a10.toml",
+        "sm_count = 72 ",
+        "# sm_count removed ",
+        ["specs/hardware/a10.toml", "sm_count: required key is missing"],
+        None,
+    ),
+    (
+        "unknown vendor (hardware)",
+        "specs/hardware/gb10.toml",
+        'vendor = "nvidia"',
+        'vendor = "nvidea"',
+        ["specs/hardware/gb10.toml:", "vendor: Input should be 'iluvatar' or 'nvidia'", "(got 'nvidea')"],
+        'vendor = "nvidea"',
+    ),
+    (
+        "unknown vendor (policy)",
+        "specs/kernels/moe.toml",
+        'vendor = "nvidia"',
+        'vendor = "amd"',
+        ["specs/kernels/moe.toml:", "moe.policy[1].vendor: unknown vendor; known: iluvatar, nvidia", "(got 'amd')"],
+        'vendor = "amd"',
+    ),
+    (
+        "duplicate threshold",
+        "specs/kernels/moe.toml",
+        'vendor = "nvidia"\nmin_arch = 80',
+        'vendor = "iluvatar"\nmin_arch = 100',
+        ["specs/kernels/moe.toml:", "moe.policy[1].min_arch: duplicate threshold iluvatar>=100", "(got 100)"],
+        None,
+    ),
+    (
+        "rule no candidate satisfies",
+        "specs/kernels/attention.toml",
+        "triton_block_n = { largest = [64, 32, 16]",
+        "triton_block_n = { largest = [128, 64]",
+        [
+            "specs/kernels/attention.toml:",
+            "attention.policy[0].triton_block_n",
+            "target bi_v100",
+            "no candidate for 'triton_block_n' in [128, 64]",
+            "65,536 > hw.max_shared_memory_per_block_optin = 49,152",
+        ],
+        "largest = [128, 64]",
+    ),
+    (
+        "policy over a target's limits",
+        "specs/kernels/moe.toml",
+        'block_size_k = { expr = "64 if',
+        'block_size_k = { expr = "4096 if',
+        [
+            "specs/kernels/moe.toml:",
+            "moe.policy[1]",
+            "policy nvidia>=80 on target a10",
+            "specs/hardware/a10.toml",
+            "fails check 'A and B tiles fit shared memory'",
+            "A+B tiles need 393,216 B; a10 allows 101,376 B",
+            "tile_smem_bytes = 393,216 > hw.max_shared_memory_per_block_optin = 101,376",
+        ],
+        None,
+    ),
+    (
+        "invalid rule syntax",
+        "specs/kernels/transform.toml",
+        'bytes_in_flight = { expr = "hw.bytes_in_flight" }',
+        'bytes_in_flight = { expr = "hw.bytes_in_flight +" }',
+        [
+            "specs/kernels/transform.toml:",
+            "transform.base.bytes_in_flight.expr: invalid rule",
+            "(got 'hw.bytes_in_flight +')",
+        ],
+        "hw.bytes_in_flight +",
+    ),
+    (
+        "rule reads an unknown attribute",
+        "specs/kernels/transform.toml",
+        'bytes_in_flight = { expr = "hw.bytes_in_flight" }',
+        'bytes_in_flight = { expr = "hw.bytes_inflight" }',
+        ["transform.base.bytes_in_flight.expr", "'hw.bytes_inflight' is not a hardware attribute"],
+        "hw.bytes_inflight",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_invalid_specs_exit_2_with_located_message(project, case):
+    _name, rel, old, new, fragments, needle = case
+    edit(project / rel, old, new)
+    before = snapshot(project / "generated")
+    for command in ("build", "check"):
+        result = run_cli("--root", str(project), command)
+        assert result.code == 2, result
+        assert result.out == ""
+        assert "Traceback" not in result.err
+        for fragment in fragments:
+            assert fragment in result.err, (fragment, result.err)
+        if needle is not None:
+            assert f"{rel}:{line_of(project / rel, needle)}:" in result.err, result.err
+    assert snapshot(project / "generated") == before
+
+
+def test_overflow_message_gives_bytes(project):
+    """The shared-memory check's message carries both figures, formatted."""
+    edit(project / "specs/kernels/moe.toml", 'block_size_n = { expr = "32 if', 'block_size_n = { expr = "1536 if')
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    # (16 + 1536) x 64 x 2 B = 198,656 B > 101,376 B on the 99 KB parts (and 166,912 B on the A100).
+    assert "A+B tiles need 198,656 B; a10 allows 101,376 B" in result.err
+    assert "A+B tiles need 198,656 B; a100 allows 166,912 B" in result.err
+    assert "h100" not in result.err  # 232,448 B: fits
+
+
+def test_every_problem_is_reported_at_once(project):
+    edit(project / "specs/hardware/h200.toml", "warp_size = 32", "warp_sise = 32")
+    edit(project / "specs/hardware/a10.toml", 'vendor = "nvidia"', 'vendor = "nvidea"')
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    assert "3 problems" in result.err  # the renamed key is also a missing one
+    assert "h200.toml" in result.err and "a10.toml" in result.err
+
+
+def test_real_process_has_no_traceback_and_exit_2(project):
+    edit(project / "specs/hardware/h200.toml", "warp_size = 32", "warp_size = true")
+    before = snapshot(project / "generated")
+    proc = subprocess.run(
+        [sys.executable, "-m", "codegen", "--root", str(project), "build"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert re.search(r"specs/hardware/h200\.toml:\d+: warp_size: Input should be a valid integer", proc.stderr)
+    assert snapshot(project / "generated") == before

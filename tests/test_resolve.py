@@ -1,0 +1,219 @@
+"""Chaining, rule evaluation, per-target validation and collapse, on small spec trees."""
+
+from pathlib import Path
+
+import pytest
+
+from codegen import load, resolve
+from codegen.errors import SpecErrors
+
+from conftest import hw_toml, make_tree
+
+TILE = """
+[tile]
+record = "TileConfig"
+doc = "A test config."
+model = "m"
+variants = {{ tile = {{ dtype_bytes = 2 }} }}
+
+[tile.fields]
+block = {{ type = "int", doc = "rows" }}
+stages = {{ type = "int", doc = "pipeline depth" }}
+
+[tile.derived]
+smem_bytes = "block * model.head_dim * dtype_bytes * stages"
+
+[[tile.checks]]
+name = "fits shared memory"
+rule = "smem_bytes <= hw.max_shared_memory_per_block_optin"
+message = "needs {{smem_bytes:,}} B; {{hw.name}} allows {{hw.max_shared_memory_per_block_optin:,}} B"
+
+{policies}
+"""
+
+
+def policy(vendor, min_arch, block, stages=1, max_arch=None):
+    extra = f"\nmax_arch = {max_arch}" if max_arch is not None else ""
+    return f"""
+[[tile.policy]]
+vendor = "{vendor}"
+min_arch = {min_arch}{extra}
+block = {block}
+stages = {stages}
+"""
+
+
+SMALL = 101376  # 8.6/8.9/12.x opt-in shared memory per block
+LARGE = 232448  # 9.0/10.0
+
+
+def resolve_tree(tmp_path: Path, hardware: dict, policies: str, kernel: str = TILE):
+    make_tree(tmp_path, hardware, {"tile": kernel.format(policies=policies)})
+    return resolve.resolve(load.load(tmp_path))
+
+
+def by_target(res):
+    (vr,) = res.variants
+    return vr, {t: dict(r.record) for t, r in vr.resolved.items()}
+
+
+def test_chaining_takes_largest_threshold_not_above_arch(tmp_path):
+    hardware = {n: hw_toml("nvidia", a, optin=LARGE) for n, a in [("p80", 80), ("p86", 86), ("p90", 90), ("p100", 100)]}
+    res = resolve_tree(tmp_path, hardware, policy("nvidia", 80, 16) + policy("nvidia", 90, 32))
+    vr, values = by_target(res)
+    assert {t: v["block"] for t, v in values.items()} == {"p80": 16, "p86": 16, "p90": 32, "p100": 32}
+    assert vr.resolved["p100"].policy.label == "nvidia>=90"
+
+
+def test_vendors_never_mix(tmp_path):
+    hardware = {"ilu": hw_toml("iluvatar", 100, optin=LARGE), "nv": hw_toml("nvidia", 100, optin=LARGE)}
+    res = resolve_tree(tmp_path, hardware, policy("iluvatar", 100, 16) + policy("nvidia", 80, 32))
+    vr, values = by_target(res)
+    assert values["ilu"]["block"] == 16 and values["nv"]["block"] == 32
+    # Even with equal values the two vendors keep separate instantiations.
+    res = resolve_tree(tmp_path, hardware, policy("iluvatar", 100, 16) + policy("nvidia", 80, 16))
+    vr, _ = by_target(res)
+    assert [i.suffix for i in vr.instantiations] == ["iluvatar100", "nvidia100"]
+
+
+def test_below_every_threshold_is_an_error_naming_target_and_thresholds(tmp_path):
+    hardware = {"old": hw_toml("nvidia", 75, optin=65536), "new": hw_toml("nvidia", 90, optin=LARGE)}
+    with pytest.raises(SpecErrors) as exc:
+        resolve_tree(tmp_path, hardware, policy("nvidia", 80, 16))
+    (p,) = exc.value.problems
+    text = p.render()
+    assert p.file == "specs/kernels/tile.toml"
+    assert "target old" in text and "arch 75 is below every nvidia threshold (80)" in text
+
+
+def test_base_policy_serves_targets_below_every_threshold(tmp_path):
+    hardware = {"old": hw_toml("nvidia", 75, optin=65536), "new": hw_toml("nvidia", 90, optin=LARGE)}
+    base = "\n[tile.base]\nblock = 8\nstages = 1\n"
+    res = resolve_tree(tmp_path, hardware, policy("nvidia", 80, 16) + base)
+    vr, values = by_target(res)
+    assert values == {"old": {"block": 8, "stages": 1}, "new": {"block": 16, "stages": 1}}
+    assert vr.resolved["old"].policy.label == "base"
+
+
+def test_max_arch_stops_chaining(tmp_path):
+    hardware = {"p90": hw_toml("nvidia", 90, optin=LARGE), "p100": hw_toml("nvidia", 100, optin=LARGE)}
+    with pytest.raises(SpecErrors) as exc:
+        resolve_tree(tmp_path, hardware, policy("nvidia", 90, 32, max_arch=90))
+    assert "target p100" in str(exc.value) and "stops at max_arch 90" in str(exc.value)
+    base = "\n[tile.base]\nblock = 8\nstages = 1\n"
+    _, values = by_target(resolve_tree(tmp_path, hardware, policy("nvidia", 90, 32, max_arch=90) + base))
+    assert values["p90"]["block"] == 32 and values["p100"]["block"] == 8
+
+
+def test_policy_from_80_overflowing_an_89_is_an_error_naming_both(tmp_path):
+    hardware = {"p80": hw_toml("nvidia", 80, optin=166912), "p89": hw_toml("nvidia", 89, optin=SMALL, per_sm=102400)}
+    # 128 rows x 256 x 2 B x 2 stages = 131,072 B: fits the 80's 166,912 B, not the 89's 101,376 B.
+    with pytest.raises(SpecErrors) as exc:
+        resolve_tree(tmp_path, hardware, policy("nvidia", 80, 128, stages=2))
+    (p,) = exc.value.problems
+    text = p.render()
+    assert p.file == "specs/kernels/tile.toml" and p.line is not None
+    assert "policy nvidia>=80 on target p89" in text and "specs/hardware/p89.toml" in text
+    assert "needs 131,072 B; p89 allows 101,376 B" in text
+    assert "smem_bytes = 131,072 > hw.max_shared_memory_per_block_optin = 101,376" in text
+    assert "p80" not in text.replace("specs/hardware/p89", "")
+
+
+def test_non_adjacent_equal_policies_collapse_to_lowest_arch(tmp_path):
+    # 2 stages x 256 x 2 B per row: 128 rows (131,072 B) on 80/90/100, 64 rows on 86/89/120 (101,376 B):
+    # equal by value, not neighbours.
+    hardware = {
+        "p80": hw_toml("nvidia", 80, optin=166912),
+        "p86": hw_toml("nvidia", 86, optin=SMALL, per_sm=102400),
+        "p89": hw_toml("nvidia", 89, optin=SMALL, per_sm=102400),
+        "p90": hw_toml("nvidia", 90, optin=LARGE),
+        "p100": hw_toml("nvidia", 100, optin=LARGE),
+        "p120": hw_toml("nvidia", 120, optin=SMALL, per_sm=102400),
+    }
+    rule = """
+[[tile.policy]]
+vendor = "nvidia"
+min_arch = 80
+block = { largest = [128, 64, 32], where = "block * model.head_dim * dtype_bytes * stages <= hw.max_shared_memory_per_block_optin" }
+stages = 2
+"""
+    vr, values = by_target(resolve_tree(tmp_path, hardware, rule))
+    assert {t: v["block"] for t, v in values.items()} == {
+        "p80": 128,
+        "p86": 64,
+        "p89": 64,
+        "p90": 128,
+        "p100": 128,
+        "p120": 64,
+    }
+    groups = {i.suffix: i.targets for i in vr.instantiations}
+    assert groups == {"nvidia80": ("p80", "p90", "p100"), "nvidia86": ("p86", "p89", "p120")}
+    assert vr.target_instantiation["p120"] == "nvidia86"
+
+
+def test_equal_records_from_different_policies_collapse(tmp_path):
+    hardware = {n: hw_toml("nvidia", a, optin=LARGE) for n, a in [("p80", 80), ("p90", 90), ("p100", 100)]}
+    res = resolve_tree(
+        tmp_path, hardware, policy("nvidia", 80, 16) + policy("nvidia", 90, 32) + policy("nvidia", 100, 16)
+    )
+    vr, _ = by_target(res)
+    groups = {i.suffix: (i.targets, i.policies) for i in vr.instantiations}
+    assert groups == {
+        "nvidia80": (("p80", "p100"), ("nvidia>=80", "nvidia>=100")),
+        "nvidia90": (("p90",), ("nvidia>=90",)),
+    }
+
+
+def test_same_lowest_arch_groups_get_distinct_names(tmp_path):
+    hardware = {"big": hw_toml("nvidia", 90, optin=LARGE), "small": hw_toml("nvidia", 90, optin=SMALL, per_sm=102400)}
+    rule = """
+[[tile.policy]]
+vendor = "nvidia"
+min_arch = 90
+block = { largest = [128, 64, 32], where = "block * model.head_dim * dtype_bytes * stages <= hw.max_shared_memory_per_block_optin" }
+stages = 2
+"""
+    vr, _ = by_target(resolve_tree(tmp_path, hardware, rule))
+    assert sorted(i.suffix for i in vr.instantiations) == ["nvidia90_big", "nvidia90_small"]
+
+
+def test_rule_with_no_satisfying_candidate_is_an_error(tmp_path):
+    hardware = {"tiny": hw_toml("nvidia", 80, optin=49152, per_sm=49152)}
+    rule = """
+[[tile.policy]]
+vendor = "nvidia"
+min_arch = 80
+block = { largest = [256, 128], where = "block * model.head_dim * dtype_bytes * stages <= hw.max_shared_memory_per_block_optin" }
+stages = 1
+"""
+    with pytest.raises(SpecErrors) as exc:
+        resolve_tree(tmp_path, hardware, rule)
+    text = str(exc.value)
+    assert "specs/kernels/tile.toml:" in text and "tile.policy[0].block" in text
+    assert "no candidate for 'block' in [256, 128]" in text
+    assert (
+        "block * model.head_dim * dtype_bytes * stages = 65,536 > hw.max_shared_memory_per_block_optin = 49,152" in text
+    )
+
+
+def test_rules_evaluate_in_dependency_order_and_cycles_are_errors(tmp_path):
+    hardware = {"p80": hw_toml("nvidia", 80, optin=LARGE)}
+    ok = """
+[[tile.policy]]
+vendor = "nvidia"
+min_arch = 80
+block = { expr = "stages * 16" }
+stages = { expr = "2 if hw.async_copy else 1" }
+"""
+    _, values = by_target(resolve_tree(tmp_path, hardware, ok))
+    assert values["p80"] == {"block": 32, "stages": 2}
+    cycle = ok.replace('"2 if hw.async_copy else 1"', '"block // 16"')
+    with pytest.raises(SpecErrors, match="cycle: block -> stages -> block"):
+        resolve_tree(tmp_path, hardware, cycle)
+
+
+def test_rule_result_type_is_checked(tmp_path):
+    hardware = {"p80": hw_toml("nvidia", 80, optin=LARGE)}
+    bad = policy("nvidia", 80, 16).replace("block = 16", 'block = { expr = "hw.sm_count / 3" }')
+    with pytest.raises(SpecErrors, match="gave a float; the field is int"):
+        resolve_tree(tmp_path, hardware, bad)

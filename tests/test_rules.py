@@ -1,0 +1,70 @@
+"""The rule language: what it accepts, what it rejects, how it explains a false check."""
+
+import pytest
+
+from codegen import rules
+
+ENV = rules.Env(
+    {"block": 64, "stages": 2, "dtype_bytes": 2}.__getitem__,
+    {"hw": {"smem": 49152, "async_copy": True, "sm_count": 16}, "model": {"head_dim": 256}},
+)
+
+
+@pytest.mark.parametrize(
+    "source, value",
+    [
+        ("block * model.head_dim * dtype_bytes * 2", 65536),
+        ("2 if hw.async_copy else 1", 2),
+        ("ceil_div(1000, hw.sm_count)", 63),
+        ("clamp(block * 8, 16, 256)", 256),
+        ("pow2_ceil(100) + pow2_floor(100)", 192),
+        ("min(block, 32) <= 32 < 33", True),
+        ("not hw.async_copy or stages == 2", True),
+        ("hw.smem // 1024 % 7", 6),
+        ("'triton' if block >= 64 else 'library'", "triton"),
+    ],
+)
+def test_evaluate(source, value):
+    assert rules.evaluate(rules.parse(source), ENV) == value
+
+
+@pytest.mark.parametrize(
+    "source, fragment",
+    [
+        ("__import__('os')", "only calls of"),
+        ("block.__class__", "attribute access is only allowed on hw, model"),
+        ("[block]", "List is not allowed"),
+        ("lambda: 1", "Lambda is not allowed"),
+        ("block if", "not a valid expression"),
+        ("block << 2", "operator LShift is not allowed"),
+        ("block in (1, 2)", "only < <= > >= == != comparisons"),
+        ("max(block, key=1)", "positional arguments"),
+        ("", "non-empty"),
+    ],
+)
+def test_rejected_at_parse(source, fragment):
+    with pytest.raises(rules.RuleError, match=None) as exc:
+        rules.parse(source)
+    assert fragment in str(exc.value)
+
+
+def test_names_and_attrs_are_collected():
+    expr = rules.parse("block * model.head_dim <= hw.smem and ceil_div(stages, 2) > 0")
+    assert expr.names == {"block", "stages"}
+    assert expr.attrs == {("model", "head_dim"), ("hw", "smem")}
+
+
+def test_unknown_namespace_attribute_at_evaluation():
+    with pytest.raises(rules.RuleError, match="'hw.nope' is not defined"):
+        rules.evaluate(rules.parse("hw.nope"), ENV)
+
+
+def test_explain_failure_shows_both_sides():
+    expr = rules.parse("stages >= 1 and block * model.head_dim * dtype_bytes * 2 <= hw.smem")
+    assert rules.explain_failure(expr, ENV) == ("block * model.head_dim * dtype_bytes * 2 = 65,536 > hw.smem = 49,152")
+    assert rules.explain_failure(rules.parse("not hw.async_copy"), ENV) == "'not hw.async_copy' is false"
+
+
+def test_division_by_zero_is_a_rule_error():
+    with pytest.raises(rules.RuleError, match="failed"):
+        rules.evaluate(rules.parse("block // (stages - 2)"), ENV)
