@@ -247,16 +247,54 @@ def dispatch_context(resolution: Resolution) -> dict[str, Any]:
     }
 
 
+def launch_tables(resolution: Resolution, configs: tuple[str, ...]) -> dict[str, Any]:
+    """Context for a kernel module whose launch records live in dispatch.py.
+
+    ``tables``: per variant (kernel), its instantiations (symbol, the targets
+    sharing it, where it came from) and the target -> symbol table.
+    """
+    tree = resolution.tree
+    tables = []
+    symbols: list[str] = []
+    for name in configs:
+        for vr in resolution.for_config(name):
+            insts = [
+                {
+                    "symbol": symbol(vr.variant, inst),
+                    "targets": target_list(tree, inst.targets),
+                    "origin": policy_origin(vr, inst),
+                }
+                for inst in vr.instantiations
+            ]
+            symbols += [i["symbol"] for i in insts]
+            table = [(t, symbol(vr.variant, _inst(vr, t))) for t in sorted(vr.target_instantiation)]
+            tables.append({"kernel": vr.variant, "instantiations": insts, "table": table})
+    return {"tables": tables, "symbols": sorted(symbols)}
+
+
 def _inst(vr: VariantResolution, target: str) -> Instantiation:
     suffix = vr.target_instantiation[target]
     return next(i for i in vr.instantiations if i.suffix == suffix)
 
 
-MODULE_DOCS = (("dispatch", "hardware records, config records per target, dispatch_kernel_config, detect_hardware"),)
+MODULE_DOCS = (
+    ("dispatch", "hardware records, config records per target, dispatch_kernel_config, detect_hardware"),
+    ("transform", "RMSNorm, SiLU-and-mul and rotary-embedding Triton kernels with per-target launch policies"),
+    ("cache", "KV-cache Triton kernels (reshape_and_cache, copy_blocks) and swap_blocks"),
+)
+TRANSFORM_CONFIGS = ("transform_launch",)
+CACHE_CONFIGS = ("cache_launch",)
 
 MODULES: tuple[Module, ...] = (
     Module("__init__.py", "init.py.j2", lambda r: {"modules": MODULE_DOCS}, lambda r: r.tree.files),
     Module("dispatch.py", "dispatch.py.j2", dispatch_context, lambda r: spec_files(r, plain_configs(r))),
+    Module(
+        "transform.py",
+        "transform.py.j2",
+        lambda r: launch_tables(r, TRANSFORM_CONFIGS),
+        lambda r: spec_files(r, TRANSFORM_CONFIGS),
+    ),
+    Module("cache.py", "cache.py.j2", lambda r: launch_tables(r, CACHE_CONFIGS), lambda r: spec_files(r, CACHE_CONFIGS)),
 )
 
 

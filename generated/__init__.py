@@ -2,4 +2,6 @@
 """Generated kernel policy modules; regenerate with ``python -m codegen build``.
 
 - ``generated.dispatch``: hardware records, config records per target, dispatch_kernel_config, detect_hardware
+- ``generated.transform``: RMSNorm, SiLU-and-mul and rotary-embedding Triton kernels with per-target launch policies
+- ``generated.cache``: KV-cache Triton kernels (reshape_and_cache, copy_blocks) and swap_blocks
 """

@@ -21,13 +21,16 @@ __all__ = [
     "HardwareCapability",
     "AttentionConfig",
     "CacheConfig",
+    "CacheLaunch",
     "MoEConfig",
     "TransformConfig",
+    "TransformLaunch",
     "check_smem",
     "detect_hardware",
     "dispatch_kernel_config",
     "grid_even_share",
     "kernel_names",
+    "target_name",
 ]
 
 
@@ -329,8 +332,27 @@ class CacheConfig:
     Fields from specs/kernels/cache.toml.
     """
 
-    # Elements each program of a block copy moves per step.
+    # Threads per block of the cache copy kernels.
     copy_block_size: int
+
+
+@dataclass(frozen=True)
+class CacheLaunch:
+    """Launch parameters of the generated KV-cache kernels (reshape_and_cache, copy_blocks).
+
+    Fields from specs/kernels/cache.toml.
+    """
+
+    # Warps per program (CCCL's 256-thread block).
+    num_warps: int
+    # Bytes one program copies per tile.
+    tile_bytes: int
+    # Programs in one full wave (SMs x resident programs).
+    min_programs: int
+    # Most warps a program may use.
+    max_warps: int
+    # Threads per warp.
+    warp_size: int
 
 
 @dataclass(frozen=True)
@@ -361,6 +383,25 @@ class TransformConfig:
     bytes_in_flight: int
     # Shared memory a block may use without opt-in.
     max_smem_per_block: int
+
+
+@dataclass(frozen=True)
+class TransformLaunch:
+    """Launch parameters of the generated transform kernels (RMSNorm, SiLU-and-mul, RoPE).
+
+    Fields from specs/kernels/transform.toml.
+    """
+
+    # Warps per program (CCCL's 256-thread block).
+    num_warps: int
+    # Bytes one program loads per tile: the SM's bytes in flight shared by its resident programs.
+    tile_bytes: int
+    # Programs in one full wave (SMs x resident programs); tiles shrink until a launch has this many.
+    min_programs: int
+    # Most warps a program may grow to when a row is long (RMSNorm).
+    max_warps: int
+    # Threads per warp.
+    warp_size: int
 
 
 # attention_bf16 (dtype_bytes=2): 3 instantiations for 9 targets.
@@ -474,6 +515,172 @@ CACHE_NVIDIA80 = CacheConfig(
 )
 
 
+# copy_blocks (tile_divisor=2): 8 instantiations for 9 targets.
+
+# From base (specs/kernels/cache.toml:47).
+# Shared by bi_v100 (100).
+COPY_BLOCKS_ILUVATAR100 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=16384,
+    min_programs=64,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/cache.toml:47).
+# Shared by a100 (80).
+COPY_BLOCKS_NVIDIA80 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=864,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/cache.toml:47).
+# Shared by a10 (86).
+COPY_BLOCKS_NVIDIA86 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=432,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/cache.toml:47).
+# Shared by l40s (89).
+COPY_BLOCKS_NVIDIA89 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=852,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/cache.toml:55).
+# Shared by h100 (90), h200 (90).
+COPY_BLOCKS_NVIDIA90 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=1056,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/cache.toml:55).
+# Shared by b200 (100).
+COPY_BLOCKS_NVIDIA100 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=1184,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/cache.toml:55).
+# Shared by rtx5090 (120).
+COPY_BLOCKS_NVIDIA120 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=1020,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/cache.toml:55).
+# Shared by gb10 (121).
+COPY_BLOCKS_NVIDIA121 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=288,
+    max_warps=32,
+    warp_size=32,
+)
+
+
+# reshape_and_cache (tile_divisor=2): 8 instantiations for 9 targets.
+
+# From base (specs/kernels/cache.toml:47).
+# Shared by bi_v100 (100).
+RESHAPE_AND_CACHE_ILUVATAR100 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=16384,
+    min_programs=64,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/cache.toml:47).
+# Shared by a100 (80).
+RESHAPE_AND_CACHE_NVIDIA80 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=864,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/cache.toml:47).
+# Shared by a10 (86).
+RESHAPE_AND_CACHE_NVIDIA86 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=432,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/cache.toml:47).
+# Shared by l40s (89).
+RESHAPE_AND_CACHE_NVIDIA89 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=852,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/cache.toml:55).
+# Shared by h100 (90), h200 (90).
+RESHAPE_AND_CACHE_NVIDIA90 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=1056,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/cache.toml:55).
+# Shared by b200 (100).
+RESHAPE_AND_CACHE_NVIDIA100 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=1184,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/cache.toml:55).
+# Shared by rtx5090 (120).
+RESHAPE_AND_CACHE_NVIDIA120 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=1020,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/cache.toml:55).
+# Shared by gb10 (121).
+RESHAPE_AND_CACHE_NVIDIA121 = CacheLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=288,
+    max_warps=32,
+    warp_size=32,
+)
+
+
 # moe (dtype_bytes=2): 2 instantiations for 9 targets.
 
 # From iluvatar>=100 (specs/kernels/moe.toml:24).
@@ -526,6 +733,255 @@ TRANSFORM_NVIDIA100 = TransformConfig(
 )
 
 
+# rms_norm (tile_divisor=1): 8 instantiations for 9 targets.
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by bi_v100 (100).
+RMS_NORM_ILUVATAR100 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=16384,
+    min_programs=64,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by a100 (80).
+RMS_NORM_NVIDIA80 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=864,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by a10 (86).
+RMS_NORM_NVIDIA86 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=432,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by l40s (89).
+RMS_NORM_NVIDIA89 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=852,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by h100 (90), h200 (90).
+RMS_NORM_NVIDIA90 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=1056,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by b200 (100).
+RMS_NORM_NVIDIA100 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=1184,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by rtx5090 (120).
+RMS_NORM_NVIDIA120 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=16384,
+    min_programs=1020,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by gb10 (121).
+RMS_NORM_NVIDIA121 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=16384,
+    min_programs=288,
+    max_warps=32,
+    warp_size=32,
+)
+
+
+# rotary_embedding (tile_divisor=2): 8 instantiations for 9 targets.
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by bi_v100 (100).
+ROTARY_EMBEDDING_ILUVATAR100 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=16384,
+    min_programs=64,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by a100 (80).
+ROTARY_EMBEDDING_NVIDIA80 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=864,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by a10 (86).
+ROTARY_EMBEDDING_NVIDIA86 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=432,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by l40s (89).
+ROTARY_EMBEDDING_NVIDIA89 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=852,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by h100 (90), h200 (90).
+ROTARY_EMBEDDING_NVIDIA90 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=1056,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by b200 (100).
+ROTARY_EMBEDDING_NVIDIA100 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=1184,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by rtx5090 (120).
+ROTARY_EMBEDDING_NVIDIA120 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=1020,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by gb10 (121).
+ROTARY_EMBEDDING_NVIDIA121 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=288,
+    max_warps=32,
+    warp_size=32,
+)
+
+
+# silu_and_mul (tile_divisor=2): 8 instantiations for 9 targets.
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by bi_v100 (100).
+SILU_AND_MUL_ILUVATAR100 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=16384,
+    min_programs=64,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by a100 (80).
+SILU_AND_MUL_NVIDIA80 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=864,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by a10 (86).
+SILU_AND_MUL_NVIDIA86 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=432,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From base (specs/kernels/transform.toml:56).
+# Shared by l40s (89).
+SILU_AND_MUL_NVIDIA89 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=852,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by h100 (90), h200 (90).
+SILU_AND_MUL_NVIDIA90 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=1056,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by b200 (100).
+SILU_AND_MUL_NVIDIA100 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=4096,
+    min_programs=1184,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by rtx5090 (120).
+SILU_AND_MUL_NVIDIA120 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=1020,
+    max_warps=32,
+    warp_size=32,
+)
+
+# From nvidia>=90 (specs/kernels/transform.toml:64).
+# Shared by gb10 (121).
+SILU_AND_MUL_NVIDIA121 = TransformLaunch(
+    num_warps=8,
+    tile_bytes=8192,
+    min_programs=288,
+    max_warps=32,
+    warp_size=32,
+)
+
+
 # Kernel name -> hardware spec name -> config record.  Aliases share the
 # records of the variant they name.
 _BY_VARIANT: dict[str, dict[str, Any]] = {
@@ -562,6 +1018,28 @@ _BY_VARIANT: dict[str, dict[str, Any]] = {
         "l40s": CACHE_NVIDIA80,
         "rtx5090": CACHE_NVIDIA80,
     },
+    "copy_blocks": {
+        "a10": COPY_BLOCKS_NVIDIA86,
+        "a100": COPY_BLOCKS_NVIDIA80,
+        "b200": COPY_BLOCKS_NVIDIA100,
+        "bi_v100": COPY_BLOCKS_ILUVATAR100,
+        "gb10": COPY_BLOCKS_NVIDIA121,
+        "h100": COPY_BLOCKS_NVIDIA90,
+        "h200": COPY_BLOCKS_NVIDIA90,
+        "l40s": COPY_BLOCKS_NVIDIA89,
+        "rtx5090": COPY_BLOCKS_NVIDIA120,
+    },
+    "reshape_and_cache": {
+        "a10": RESHAPE_AND_CACHE_NVIDIA86,
+        "a100": RESHAPE_AND_CACHE_NVIDIA80,
+        "b200": RESHAPE_AND_CACHE_NVIDIA100,
+        "bi_v100": RESHAPE_AND_CACHE_ILUVATAR100,
+        "gb10": RESHAPE_AND_CACHE_NVIDIA121,
+        "h100": RESHAPE_AND_CACHE_NVIDIA90,
+        "h200": RESHAPE_AND_CACHE_NVIDIA90,
+        "l40s": RESHAPE_AND_CACHE_NVIDIA89,
+        "rtx5090": RESHAPE_AND_CACHE_NVIDIA120,
+    },
     "moe": {
         "a10": MOE_NVIDIA80,
         "a100": MOE_NVIDIA80,
@@ -584,13 +1062,51 @@ _BY_VARIANT: dict[str, dict[str, Any]] = {
         "l40s": TRANSFORM_NVIDIA80,
         "rtx5090": TRANSFORM_NVIDIA100,
     },
+    "rms_norm": {
+        "a10": RMS_NORM_NVIDIA86,
+        "a100": RMS_NORM_NVIDIA80,
+        "b200": RMS_NORM_NVIDIA100,
+        "bi_v100": RMS_NORM_ILUVATAR100,
+        "gb10": RMS_NORM_NVIDIA121,
+        "h100": RMS_NORM_NVIDIA90,
+        "h200": RMS_NORM_NVIDIA90,
+        "l40s": RMS_NORM_NVIDIA89,
+        "rtx5090": RMS_NORM_NVIDIA120,
+    },
+    "rotary_embedding": {
+        "a10": ROTARY_EMBEDDING_NVIDIA86,
+        "a100": ROTARY_EMBEDDING_NVIDIA80,
+        "b200": ROTARY_EMBEDDING_NVIDIA100,
+        "bi_v100": ROTARY_EMBEDDING_ILUVATAR100,
+        "gb10": ROTARY_EMBEDDING_NVIDIA121,
+        "h100": ROTARY_EMBEDDING_NVIDIA90,
+        "h200": ROTARY_EMBEDDING_NVIDIA90,
+        "l40s": ROTARY_EMBEDDING_NVIDIA89,
+        "rtx5090": ROTARY_EMBEDDING_NVIDIA120,
+    },
+    "silu_and_mul": {
+        "a10": SILU_AND_MUL_NVIDIA86,
+        "a100": SILU_AND_MUL_NVIDIA80,
+        "b200": SILU_AND_MUL_NVIDIA100,
+        "bi_v100": SILU_AND_MUL_ILUVATAR100,
+        "gb10": SILU_AND_MUL_NVIDIA121,
+        "h100": SILU_AND_MUL_NVIDIA90,
+        "h200": SILU_AND_MUL_NVIDIA90,
+        "l40s": SILU_AND_MUL_NVIDIA89,
+        "rtx5090": SILU_AND_MUL_NVIDIA120,
+    },
 }
 _CONFIGS: dict[str, dict[str, Any]] = {
     "attention": _BY_VARIANT["attention_fp16"],
     "attention_bf16": _BY_VARIANT["attention_bf16"],
     "attention_fp16": _BY_VARIANT["attention_fp16"],
     "cache": _BY_VARIANT["cache"],
+    "copy_blocks": _BY_VARIANT["copy_blocks"],
     "moe": _BY_VARIANT["moe"],
+    "reshape_and_cache": _BY_VARIANT["reshape_and_cache"],
+    "rms_norm": _BY_VARIANT["rms_norm"],
+    "rotary_embedding": _BY_VARIANT["rotary_embedding"],
+    "silu_and_mul": _BY_VARIANT["silu_and_mul"],
     "transform": _BY_VARIANT["transform"],
 }
 
@@ -700,7 +1216,36 @@ _BY_ARCH: dict[tuple[str, int], str] = {
 VENDORS: tuple[str, ...] = ["iluvatar", "nvidia"]
 
 
-def _query_device() -> tuple[str, tuple[int, int], str]:
+_DETECTED: dict[int, str] = {}
+
+
+def target_name(hw: Union[str, HardwareCapability, None] = None, device: Any = None) -> str:
+    """The hardware spec name a kernel launcher should use.
+
+    ``hw`` wins when given (a spec name or a HARDWARE record).  Otherwise the
+    CUDA device ``device`` (a torch.device; None for the current one) is
+    detected once and remembered per device index.  A CPU device with no
+    ``hw`` is an error: there is nothing to detect.
+    """
+    if hw is not None:
+        return _hardware_name(hw)
+    if device is not None and getattr(device, "type", "cuda") != "cuda":
+        raise RuntimeError(
+            f"no hardware to detect for a tensor on {device}; pass hw='<spec name>' "
+            f"(one of {', '.join(sorted(HARDWARE))})"
+        )
+    index = getattr(device, "index", None)
+    if index is None:
+        import torch
+
+        index = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    name = _DETECTED.get(index)
+    if name is None:
+        name = _DETECTED[index] = detect_hardware(*_query_device(index))
+    return name
+
+
+def _query_device(index: Optional[int] = None) -> tuple[str, tuple[int, int], str]:
     try:
         import torch
     except ImportError:
@@ -712,8 +1257,10 @@ def _query_device() -> tuple[str, tuple[int, int], str]:
             "detect_hardware(): no GPU device is available; pass hw='<spec name>' "
             f"(one of {', '.join(sorted(HARDWARE))})"
         )
-    name = torch.cuda.get_device_name()
-    capability = tuple(torch.cuda.get_device_capability())
+    if index is None or index < 0:
+        index = torch.cuda.current_device()
+    name = torch.cuda.get_device_name(index)
+    capability = tuple(torch.cuda.get_device_capability(index))
     if getattr(torch.version, "hip", None):
         vendor = "amd"
     elif "iluvatar" in name.lower() or "corex" in name.lower():

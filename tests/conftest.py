@@ -8,7 +8,19 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import os
+
 import pytest
+
+# Kernel tests run on the CPU in Triton's interpreter when there is no GPU.  The
+# variable must be set before triton is first imported (by any test module).
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # the compiler's own tests do not need torch
+    pass
 
 from codegen.cli import main
 
