@@ -272,6 +272,107 @@ def launch_tables(resolution: Resolution, configs: tuple[str, ...]) -> dict[str,
     return {"tables": tables, "symbols": sorted(symbols)}
 
 
+# ---------------------------------------------------------------------------
+# generated/matmul.py
+
+MATMUL_CONFIGS = ("matmul",)
+# Record fields that become a Triton kernel's constants (the rest choose the backend).
+_KERNEL_FIELDS = (
+    "kernel",
+    "block_m",
+    "block_n",
+    "block_k",
+    "group_m",
+    "split_k",
+    "num_warps",
+    "num_stages",
+    "flatten",
+    "epilogue_subtile",
+    "num_programs",
+)
+_DIM = {"m": "M", "n": "N", "k": "K"}
+
+
+def matmul_context(resolution: Resolution) -> dict[str, Any]:
+    """Kernels (one per distinct bucket config, named after its first user), buckets, selectors.
+
+    A bucket config is shared by every bucket of every instantiation with the
+    same constants; its kernel is named after the first (lowest-arch) user.  A
+    TMA kernel gets a pointer-kernel fallback with the same tiles, for operands
+    TMA cannot describe.
+    """
+    tree = resolution.tree
+    kernels: dict[tuple, dict[str, Any]] = {}
+
+    def kernel_for(variant: str, dtype_bytes: int, consts: dict[str, Any], name: str, user: str) -> str:
+        key = (variant,) + tuple(consts[f] for f in _KERNEL_FIELDS)
+        entry = kernels.get(key)
+        if entry is None:
+            entry = kernels[key] = {
+                "name": name,
+                "kind": consts["kernel"],
+                "c": consts,
+                "dot_prec": "ieee" if dtype_bytes == 4 else "tf32",
+                "users": [],
+                "fallback": None,
+            }
+            if consts["kernel"] == "tma_persistent":
+                fb = dict(consts, kernel="grouped", flatten=False, epilogue_subtile=1, num_programs=0)
+                entry["fallback"] = kernel_for(variant, dtype_bytes, fb, f"{name}_ptr", f"{user} (non-TMA operands)")
+        entry["users"].append(user)
+        return entry["name"]
+
+    policies = []
+    tables = []
+    for vr in resolution.for_config("matmul"):
+        tag = vr.variant.removeprefix("matmul_")
+        dtype_bytes = vr.params["dtype_bytes"]
+        selectors = {}
+        for inst in vr.instantiations:
+            assert inst.value.buckets is not None
+            pname = f"{tag}_{inst.suffix}"
+            buckets = []
+            for i, b in enumerate(inst.value.buckets):
+                rec = dict(b.record)
+                consts = {f: rec[f] for f in _KERNEL_FIELDS}
+                kname = kernel_for(vr.variant, dtype_bytes, consts, f"_mm_{pname}_{b.name}", f"{pname} {b.name}")
+                bounds = [f"{_DIM[x.dim]} {'<=' if x.kind == 'max' else '>='} {x.value}" for x in b.bounds]
+                buckets.append(
+                    {
+                        "index": i,
+                        "name": b.name,
+                        "library": rec["backend"] == "library",
+                        "kernel": kname,
+                        "condition": " and ".join(bounds),
+                        "bounds": ", ".join(bounds) or "any shape",
+                        "note": b.note,
+                    }
+                )
+            policies.append(
+                {
+                    "name": pname,
+                    "variant": vr.variant,
+                    "origin": policy_origin(vr, inst),
+                    "targets": target_list(tree, inst.targets),
+                    "buckets": buckets,
+                }
+            )
+            selectors[inst.suffix] = pname
+        tables.append(
+            {
+                "variant": vr.variant,
+                "table": [(t, selectors[vr.target_instantiation[t]]) for t in sorted(vr.target_instantiation)],
+            }
+        )
+    ordered = sorted(kernels.values(), key=lambda k: (k["fallback"] is None, k["name"]))
+    # Pointer fallbacks first, so a TMA kernel's record can name its fallback.
+    ordered = [k for k in ordered if k["kind"] != "tma_persistent"] + [
+        k for k in ordered if k["kind"] == "tma_persistent"
+    ]
+    kinds = sorted({k["kind"] for k in ordered})
+    return {"kernels": ordered, "kinds": kinds, "policies": policies, "tables": tables}
+
+
 def _inst(vr: VariantResolution, target: str) -> Instantiation:
     suffix = vr.target_instantiation[target]
     return next(i for i in vr.instantiations if i.suffix == suffix)
@@ -281,6 +382,7 @@ MODULE_DOCS = (
     ("dispatch", "hardware records, config records per target, dispatch_kernel_config, detect_hardware"),
     ("transform", "RMSNorm, SiLU-and-mul and rotary-embedding Triton kernels with per-target launch policies"),
     ("cache", "KV-cache Triton kernels (reshape_and_cache, copy_blocks) and swap_blocks"),
+    ("matmul", "shape-bucketed Triton matmul kernels per target, with the vendor library where it wins"),
 )
 TRANSFORM_CONFIGS = ("transform_launch",)
 CACHE_CONFIGS = ("cache_launch",)
@@ -295,6 +397,7 @@ MODULES: tuple[Module, ...] = (
         lambda r: spec_files(r, TRANSFORM_CONFIGS),
     ),
     Module("cache.py", "cache.py.j2", lambda r: launch_tables(r, CACHE_CONFIGS), lambda r: spec_files(r, CACHE_CONFIGS)),
+    Module("matmul.py", "matmul.py.j2", matmul_context, lambda r: spec_files(r, MATMUL_CONFIGS)),
 )
 
 

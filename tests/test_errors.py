@@ -185,3 +185,25 @@ def test_real_process_has_no_traceback_and_exit_2(project):
     assert "Traceback" not in proc.stderr
     assert re.search(r"specs/hardware/h200\.toml:\d+: warp_size: Input should be a valid integer", proc.stderr)
     assert snapshot(project / "generated") == before
+
+
+def test_seed_matmul_config_does_not_fit_gb10(project):
+    """The seed's first autotune config (128x256x64, 3 stages) placed on gb10 fails the build."""
+    toml = project / "specs/kernels/matmul.toml"
+    text = toml.read_text()
+    start = text.index('name = "mlp_up"')
+    stages = text.index("num_stages = 2", start)
+    toml.write_text(text[:stages] + "num_stages = 3" + text[stages + len("num_stages = 2") :])
+    before = snapshot(project / "generated")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    assert "Traceback" not in result.err
+    line = next(l for l in result.err.splitlines() if "target gb10" in l and "matmul_16bit" in l)
+    assert "specs/kernels/matmul.toml:" in line and "matmul.policy[3].bucket[0]" in line
+    assert "policy nvidia>=120 on target gb10 (nvidia 121, specs/hardware/gb10.toml), bucket mlp_up" in line
+    assert "3 stages of 128x64 A and 64x256 B tiles need 147,456 B of shared memory per block" in line
+    assert "gb10 allows 101,376 B" in line
+    assert "fails check 'tiles fit shared memory'" in line
+    # The RTX 5090 (same 99 KB) fails too; Hopper parts are untouched by this policy.
+    assert "target rtx5090" in result.err and "target h200" not in result.err
+    assert snapshot(project / "generated") == before

@@ -1,0 +1,196 @@
+"""generated/matmul.py: every specialized kernel on ragged shapes, bucket selection, errors.
+
+On a machine without a GPU these run in Triton's interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1), which cannot do bf16 arithmetic: fp16 and fp32 are tested here,
+bf16 on the GPU (bench/matmul.py checks it).
+"""
+
+import pytest
+import torch
+
+from generated import matmul as mm
+from generated.dispatch import HARDWARE
+
+TOL = {torch.float16: 3e-3, torch.float32: 2e-5}
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+
+
+def operands(M, N, K, dtype, *, b_transposed=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=g).to(dtype)
+    if b_transposed:  # B as the .T view of an (N, K) weight, as nn.Linear stores it
+        b = torch.randn(N, K, generator=g).to(dtype).t()
+    else:
+        b = torch.randn(K, N, generator=g).to(dtype)
+    return a.to(DEVICE), b.to(DEVICE)
+
+
+def check(run, M, N, K, dtype, **kw):
+    a, b = operands(M, N, K, dtype, **kw)
+    ref = a.double().cpu() @ b.double().cpu()
+    out = torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)  # poison: every element must be written
+    got = run(a, b, out)
+    assert got is out
+    assert not torch.isnan(out).any(), "unwritten output elements"
+    err = ((out.double().cpu() - ref).norm() / ref.norm()).item()
+    assert err < TOL[dtype], f"{(M, N, K)} {dtype}: relative error {err:.2e}"
+    return out
+
+
+def dtype_of(variant_name):
+    return torch.float32 if "_fp32_" in variant_name else torch.float16
+
+
+def shapes_for(v):
+    """Ragged shapes for one kernel: M = 1, sizes that are multiples of no tile, K < BLOCK_K."""
+    if v.kind == "small_m":
+        return [(1, 70, 50, False), (7, 130, 300, True)]
+    if v.kind == "grouped":
+        return [(1, 37, 50, False), (33, 70, 20, False), (19, 130, 300, True)]
+    # tma_persistent: TMA-describable operands (rows of a multiple of 16 bytes) run the TMA kernel;
+    # K = 50 rows are not, and take the pointer fallback with the same tiles.
+    return [(33, 72, 48, False), (130, 264, 40, True), (9, 40, 50, False)]
+
+
+@pytest.mark.parametrize("name", sorted(mm.VARIANTS))
+def test_every_kernel_on_ragged_shapes(name):
+    v = mm.VARIANTS[name]
+    dtype = dtype_of(name)
+    for M, N, K, bt in shapes_for(v):
+
+        def run(a, b, out):
+            v.launch(a, b, out, M, N, K)
+            return out
+
+        first = check(run, M, N, K, dtype, b_transposed=bt)
+        if v.split_k > 1:  # the split-K fix-up is deterministic and leaves its counters reset
+            assert torch.equal(check(run, M, N, K, dtype, b_transposed=bt), first)
+
+
+def test_every_target_and_dtype_has_a_policy_whose_buckets_all_run():
+    """Each target's policy, both dtype classes, through matmul_triton (no library fallback)."""
+    seen = set()
+    for target in sorted(HARDWARE):
+        for dtype in (torch.float16, torch.float32):
+            for bucket in mm.buckets(target, dtype):
+                seen.add(bucket.triton.name)
+    assert seen == {n for n in mm.VARIANTS if not n.endswith("_ptr")}
+
+
+# Bucket choices of the H200 policy (specs/kernels/matmul.toml, nvidia>=90), as data.
+H200_BUCKETS = [
+    ((1, 4096, 4096), "gemv", True),
+    ((16, 11008, 2048), "decode_wide", False),
+    ((8, 4096, 4096), "decode", False),
+    ((128, 4096, 4096), "small", True),
+    ((5120, 512, 2048), "narrow", True),
+    ((8192, 8192, 8192), "huge", False),
+    ((5120, 11008, 2048), "wide", True),
+    ((5120, 2048, 11008), "large", True),
+    ((5120, 2048, 2048), "large", True),
+]
+
+
+@pytest.mark.parametrize("shape, bucket, library", H200_BUCKETS)
+def test_h200_bucket_selection(shape, bucket, library):
+    for hw in ("h200", "h100", HARDWARE["h200"]):
+        chosen = mm.select(*shape, dtype=torch.bfloat16, hw=hw)
+        assert (chosen.name, chosen.library) == (bucket, library)
+
+
+@pytest.mark.parametrize(
+    "shape, bucket, library",
+    [((5120, 11008, 2048), "mlp_up", False), ((5120, 11008, 9000), "any", True), ((5120, 2048, 2048), "any", True)],
+)
+def test_gb10_follows_the_seed_dispatch(shape, bucket, library):
+    chosen = mm.select(*shape, dtype=torch.bfloat16, hw="gb10")
+    assert (chosen.name, chosen.library) == (bucket, library)
+    if bucket == "mlp_up":
+        # The seed's 3-stage 128x256x64 does not fit 101,376 B; the policy keeps 2 stages.
+        v = chosen.triton
+        assert (v.block_m, v.block_n, v.block_k, v.num_stages) == (128, 256, 64, 2)
+
+
+def test_bi_v100_runs_one_stage_pointer_kernels():
+    for dtype in (torch.float16, torch.float32):
+        for bucket in mm.buckets("bi_v100", dtype):
+            assert not bucket.library
+            assert bucket.triton.kind in ("grouped", "small_m")
+            assert bucket.triton.num_stages == 1
+
+
+@pytest.mark.parametrize("target", ["h200", "gb10", "bi_v100", "a10"])
+def test_matmul_through_the_policy(target):
+    """matmul() on Triton and library buckets alike, ragged and transposed."""
+    for M, N, K, bt in [(1, 70, 40, False), (37, 4100, 24, True), (300, 520, 72, False)]:
+        check(lambda a, b, out: mm.matmul(a, b, out=out, hw=target), M, N, K, torch.float16, b_transposed=bt)
+        out = mm.matmul(*operands(M, N, K, torch.float32, b_transposed=bt), hw=target)
+        assert out.shape == (M, N) and out.dtype == torch.float32
+
+
+def test_library_bucket_calls_torch_matmul_and_triton_bucket_does_not(monkeypatch):
+    calls = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    a, b = operands(128, 96, 64, torch.float16)
+    mm.matmul(a, b, hw="h200")  # "small" bucket: library
+    assert calls == [1]
+    mm.matmul_triton(a, b, hw="h200")  # forced Triton
+    a, b = operands(8, 96, 64, torch.float16)
+    mm.matmul(a, b, hw="h200")  # "decode" bucket: Triton
+    assert calls == [1]
+
+
+def test_views_are_used_as_they_are(monkeypatch):
+    """A transposed or sliced operand reaches the kernel as the same tensor: no copies."""
+    seen = []
+    monkeypatch.setattr(mm.Variant, "launch", lambda self, a, b, c, M, N, K: seen.append((a, b, c)))
+    base = torch.randn(64, 200, dtype=torch.float16, device=DEVICE)
+    a = base[:, 10:90]  # strided rows
+    b = torch.randn(48, 80, dtype=torch.float16, device=DEVICE).t()  # transposed
+    out = torch.empty(64, 48, dtype=torch.float16, device=DEVICE)
+    mm.matmul_triton(a, b, out=out, hw="h200")
+    assert seen and seen[0][0] is a and seen[0][1] is b and seen[0][2] is out
+
+
+def test_empty_and_zero_k():
+    a, b = operands(5, 7, 0, torch.float16)
+    out = mm.matmul_triton(a, b, hw="h200")
+    assert out.shape == (5, 7) and torch.count_nonzero(out) == 0
+    a, b = operands(0, 7, 3, torch.float16)
+    assert mm.matmul_triton(a, b, hw="h200").shape == (0, 7)
+
+
+@pytest.mark.parametrize(
+    "make, exc, fragment",
+    [
+        (lambda: (torch.randn(4, 5), torch.randn(6, 3)), ValueError, "inner dimensions differ: a is (4, 5), b is (6, 3)"),
+        (lambda: (torch.randn(4), torch.randn(4, 3)), ValueError, "got shapes (4,) and (4, 3)"),
+        (lambda: (torch.randn(4, 5).half(), torch.randn(5, 3)), TypeError, "torch.float16 and torch.float32"),
+        (lambda: (torch.randn(4, 5).double(), torch.randn(5, 3).double()), TypeError, "torch.float64"),
+        (lambda: (torch.randn(4, 5), torch.randn(5, 3).to("meta")), ValueError, "a is on cpu but b is on meta"),
+        (lambda: ([[1.0]], torch.randn(1, 1)), TypeError, "must be tensors"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(make, exc, fragment):
+    a, b = make()
+    with pytest.raises(exc) as info:
+        mm.matmul(a, b, hw="h200")
+    assert fragment in str(info.value)
+
+
+def test_bad_out_raises():
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"out must have shape \(4, 3\), got \(3, 4\)"):
+        mm.matmul(a, b, out=torch.empty(3, 4), hw="h200")
+    with pytest.raises(TypeError, match="out must be torch.float32, got torch.float16"):
+        mm.matmul(a, b, out=torch.empty(4, 3, dtype=torch.float16), hw="h200")
+
+
+def test_unknown_hardware_and_cpu_without_hw():
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    with pytest.raises(KeyError, match="h300"):
+        mm.matmul(a, b, hw="h300")
+    with pytest.raises(RuntimeError, match="pass hw="):
+        mm.matmul(a, b)
