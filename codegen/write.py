@@ -55,16 +55,17 @@ def plan(rendered: Rendered, out_dir: Path) -> Plan:
     changes = []
     unchanged = []
     foreign = []
-    for rel, data in sorted(rendered.files.items()):
+    for rel, generated in sorted(rendered.files.items()):
         path = existing.get(rel)
         if path is None:
-            changes.append(Change(rel, "create", None, data))
+            changes.append(Change(rel, "create", None, generated.content()))
             continue
         old = path.read_bytes()
-        if old == data:
+        # The stamp decides without formatting; anything else is compared byte for byte.
+        if generated.is_current(old) or old == generated.content():
             unchanged.append(rel)
         else:
-            changes.append(Change(rel, "update", old, data))
+            changes.append(Change(rel, "update", old, generated.content()))
     for rel, path in existing.items():
         if rel in rendered.files:
             continue

@@ -136,3 +136,24 @@ def test_determinism_across_hash_seeds(tmp_path):
     strip = [{k: v[0] for k, v in out.items()} for out in outputs]
     assert strip[0] == strip[1]
     assert strip[0] == {k: v[0] for k, v in snapshot(REPO / "generated").items()}
+
+
+def test_check_on_a_current_tree_needs_no_formatting(project, monkeypatch):
+    """The stamp proves a file current without running black (what keeps check under a second)."""
+    from codegen import render
+
+    def no_black(text, name):
+        raise AssertionError(f"black ran for {name}")
+
+    monkeypatch.setattr(render, "format_python", no_black)
+    render._stamped.cache_clear()
+    assert run_cli("--root", str(project), "check").code == 0
+
+
+def test_hand_edit_that_keeps_the_stamp_is_still_stale(project):
+    path = project / "generated" / "dispatch.py"
+    lines = path.read_text().splitlines(keepends=True)
+    assert lines[1].startswith("# codegen-stamp: input=")
+    path.write_text("".join(lines).replace("copy_block_size=256", "copy_block_size=128", 1))
+    result = run_cli("--root", str(project), "check")
+    assert result.code == 1 and "+    copy_block_size=256," in result.out
