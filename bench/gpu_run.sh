@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound}...   Logs go to $OUT (or /tmp).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-run}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+status=0
+for step in "$@"; do
+    case "$step" in
+        tests)
+            python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_matmul.py tests/test_transform.py tests/test_cache.py \
+                2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
+        matmul) python3 bench/matmul.py 2>&1 | tee "$OUT/bench_matmul.log" || status=1 ;;
+        membound) python3 bench/membound.py 2>&1 | tee "$OUT/bench_membound.log" || status=1 ;;
+        *) echo "unknown step $step"; status=2 ;;
+    esac
+done
+exit $status

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Benchmark generated/matmul.py against torch.matmul (cuBLAS) and triton.autotune, on one GPU.
+
+    python3 bench/matmul.py                 # the H200 run recorded in bench/RESULTS.md
+    python3 bench/matmul.py --cpu-smoke     # tiny fp16 shapes in Triton's interpreter (no GPU)
+
+For each shape (bf16): TFLOP/s of
+  (a) matmul          the dispatched policy (Triton, or cuBLAS where the policy says it wins)
+  (b) matmul_triton   the bucket's generated Triton kernel, no library fallback
+  (c) torch.matmul    cuBLAS
+  (d) autotune        triton.autotune over the same candidate configs (the target's bucket
+                      configs, run by the plain grouped pointer kernel, as the seed does)
+measured with triton.testing.do_bench (median, L2 flushed between runs) in interleaved rounds;
+ratios are against torch.matmul measured in the same round.  Then, each in a fresh process
+with an empty Triton cache: the first call of a new shape (generated vs autotune), and a
+further new M in the same bucket; and host overhead at M = 1 (back-to-back calls, no graphs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPES = [
+    (5120, 11008, 2048),
+    (5120, 2048, 11008),
+    (5120, 2048, 2048),
+    (5120, 512, 2048),
+    (8192, 8192, 8192),
+    (16, 11008, 2048),
+    (1, 4096, 4096),
+    (128, 4096, 4096),
+]
+SMOKE_SHAPES = [(33, 70, 48), (1, 40, 64), (8, 96, 32)]
+# First-call latency: (shape, a further new M in the same bucket).
+FIRST_CALL = [((16, 11008, 2048), 13), ((8192, 8192, 8192), 8200), ((5120, 11008, 2048), 5000)]
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes in the interpreter")
+    p.add_argument("--hw", default=None, help="hardware spec name (default: detect the device)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds per shape")
+    p.add_argument("--overhead-calls", type=int, default=3000)
+    p.add_argument("--first-call", choices=["generated", "autotune"], help=argparse.SUPPRESS)
+    p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--again-m", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+ARGS = parse()
+if ARGS.cpu_smoke:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from generated import matmul as mm  # noqa: E402
+from generated.dispatch import target_name  # noqa: E402
+from generated.matmul import _grouped  # noqa: E402  (the kernel body the generated kernels share)
+
+DEVICE = "cpu" if ARGS.cpu_smoke else "cuda"
+DTYPE = torch.float16 if ARGS.cpu_smoke else torch.bfloat16
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------
+# (d) the autotune baseline
+
+
+def candidate_configs(hw: str | None) -> list[tuple]:
+    """The target's distinct bucket configs: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)."""
+    seen = []
+    for bucket in mm.buckets(hw, DTYPE, torch.device(DEVICE)):
+        v = bucket.triton
+        key = (v.block_m, v.block_n, v.block_k, v.group_m, v.num_warps, v.num_stages)
+        if key not in seen:
+            seen.append(key)
+    return seen
+
+
+def make_autotuned(configs: list[tuple]):
+    @triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_warps=w, num_stages=s)
+            for bm, bn, bk, g, w, s in configs
+        ],
+        key=["M", "N", "K"],
+    )
+    @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+    @triton.jit
+    def autotuned(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        _grouped(a, b, c, c, c, M, N, K, sam, sak, sbk, sbn, scm, scn, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                 1, "tf32")
+
+    def run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        M, K = a.shape
+        N = b.shape[1]
+        c = out if out is not None else torch.empty((M, N), dtype=a.dtype, device=a.device)
+
+        def grid(meta):
+            return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)
+
+        autotuned[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+                        c.stride(1))
+        return c
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------
+# Measurements
+
+
+def bench_ms(fn) -> float:
+    if ARGS.cpu_smoke:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref).norm() / ref.norm()).item()
+
+
+def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
+    rows = []
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device=DEVICE, dtype=torch.float32).to(DTYPE)
+        b = torch.randn(K, N, device=DEVICE, dtype=torch.float32).to(DTYPE)
+        ref = a.float() @ b.float()
+        bucket = mm.select(M, N, K, dtype=DTYPE, hw=hw, device=a.device)
+        methods = {
+            "matmul": lambda: mm.matmul(a, b, hw=hw),
+            "triton": lambda: mm.matmul_triton(a, b, hw=hw),
+            "torch": lambda: torch.matmul(a, b),
+            "autotune": lambda: autotune_run(a, b),
+        }
+        errors = {}
+        for name, fn in methods.items():  # correctness first (and compile/tune outside the timing)
+            errors[name] = rel_err(fn(), ref)
+        sync()
+        times: dict[str, list[float]] = {name: [] for name in methods}
+        ratios: dict[str, list[float]] = {name: [] for name in methods if name != "torch"}
+        for _ in range(ARGS.rounds):
+            t_torch = bench_ms(methods["torch"])
+            times["torch"].append(t_torch)
+            for name in ratios:
+                t = bench_ms(methods[name])
+                times[name].append(t)
+                ratios[name].append(t_torch / t)
+        flops = 2.0 * M * N * K
+        row = {
+            "shape": [M, N, K],
+            "bucket": bucket.name,
+            "backend": "library" if bucket.library else "triton",
+            "kernel": bucket.triton.name,
+            "rel_err": errors,
+            "ms": {k: statistics.median(v) for k, v in times.items()},
+            "tflops": {k: flops / statistics.median(v) / 1e9 for k, v in times.items()},
+            "ratio_vs_torch": {k: statistics.median(v) for k, v in ratios.items()},
+        }
+        rows.append(row)
+        r = row["ratio_vs_torch"]
+        print(
+            f"{M}x{N}x{K:<6} bucket {bucket.name:<12} torch {row['tflops']['torch']:7.1f} TF/s | "
+            f"matmul {r['matmul']:.3f}x  triton {r['triton']:.3f}x  autotune {r['autotune']:.3f}x | "
+            f"err {max(errors.values()):.1e}",
+            flush=True,
+        )
+    return rows
+
+
+def host_overhead(hw) -> dict:
+    size = 64 if ARGS.cpu_smoke else 4096
+    a = torch.randn(1, size, device=DEVICE, dtype=torch.float32).to(DTYPE)
+    b = torch.randn(size, size, device=DEVICE, dtype=torch.float32).to(DTYPE)
+    n = 20 if ARGS.cpu_smoke else ARGS.overhead_calls
+    out = {}
+    for name, fn in [
+        ("torch.matmul", lambda: torch.matmul(a, b)),
+        ("matmul", lambda: mm.matmul(a, b, hw=hw)),
+        ("matmul_triton", lambda: mm.matmul_triton(a, b, hw=hw)),
+        ("torch.matmul (again)", lambda: torch.matmul(a, b)),
+    ]:
+        for _ in range(20):
+            fn()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+    return out
+
+
+def first_call_child() -> None:
+    """Runs in a fresh process with an empty TRITON_CACHE_DIR; prints one JSON line."""
+    M, N, K = map(int, ARGS.shape.split("x"))
+    a = torch.randn(M, K, device=DEVICE, dtype=torch.float32).to(DTYPE)
+    b = torch.randn(K, N, device=DEVICE, dtype=torch.float32).to(DTYPE)
+    a2 = torch.randn(ARGS.again_m, K, device=DEVICE, dtype=torch.float32).to(DTYPE)
+    if ARGS.first_call == "generated":
+        def fn(x):
+            return mm.matmul_triton(x, b, hw=ARGS.hw)
+    else:
+        configs = candidate_configs(ARGS.hw)
+        run = make_autotuned(configs[:1] if ARGS.cpu_smoke else configs)
+
+        def fn(x):
+            return run(x, b)
+    torch.matmul(a, b)  # CUDA context, cuBLAS handle: not part of the first call
+    sync()
+    t0 = time.perf_counter()
+    fn(a)
+    sync()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fn(a2)
+    sync()
+    again = time.perf_counter() - t0
+    print(json.dumps({"first_s": first, "again_new_m_s": again}))
+
+
+def first_call_latency(hw) -> list[dict]:
+    rows = []
+    cases = [((33, 70, 48), 31)] if ARGS.cpu_smoke else FIRST_CALL
+    for (M, N, K), again_m in cases:
+        row = {"shape": [M, N, K], "again_m": again_m}
+        for method in ("generated", "autotune"):
+            with tempfile.TemporaryDirectory() as cache:
+                env = dict(os.environ, TRITON_CACHE_DIR=cache)
+                cmd = [sys.executable, __file__, "--first-call", method, "--shape", f"{M}x{N}x{K}",
+                       "--again-m", str(again_m)]
+                if hw:
+                    cmd += ["--hw", hw]
+                if ARGS.cpu_smoke:
+                    cmd.append("--cpu-smoke")
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+                if proc.returncode != 0:
+                    row[method] = {"error": proc.stderr[-2000:]}
+                    continue
+                row[method] = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        g, t = row.get("generated", {}), row.get("autotune", {})
+        if "first_s" in g and "first_s" in t:
+            print(
+                f"first call {M}x{N}x{K}: generated {g['first_s']:.2f} s, autotune {t['first_s']:.2f} s "
+                f"({g['first_s'] / t['first_s']:.2f}x); new M={again_m}: generated {g['again_new_m_s'] * 1e3:.2f} ms, "
+                f"autotune {t['again_new_m_s'] * 1e3:.1f} ms",
+                flush=True,
+            )
+        else:
+            print(f"first call {M}x{N}x{K}: {row}", flush=True)
+    return rows
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def main() -> None:
+    if ARGS.first_call:
+        first_call_child()
+        return
+    hw = ARGS.hw
+    env = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "target": target_name(hw, torch.device(DEVICE)),
+    }
+    print(json.dumps(env), flush=True)
+    configs = candidate_configs(hw)
+    print(f"autotune candidates ({len(configs)}): {configs}", flush=True)
+    # The interpreter has no driver to benchmark with: the smoke run checks the wiring with one config.
+    autotune_run = make_autotuned(configs[:1] if ARGS.cpu_smoke else configs)
+    rows = measure_shapes(SMOKE_SHAPES if ARGS.cpu_smoke else SHAPES, hw, autotune_run)
+    overhead = host_overhead(hw)
+    print("host us/call at (1, 4096, 4096): " + ", ".join(f"{k} {v:.1f}" for k, v in overhead.items()), flush=True)
+    first = first_call_latency(hw)
+    summary = {
+        "geomean_matmul": geomean(r["ratio_vs_torch"]["matmul"] for r in rows),
+        "geomean_triton": geomean(r["ratio_vs_torch"]["triton"] for r in rows),
+        "geomean_autotune": geomean(r["ratio_vs_torch"]["autotune"] for r in rows),
+        "min_matmul": min(r["ratio_vs_torch"]["matmul"] for r in rows),
+        "host_overhead_ratio": overhead["matmul"] / min(overhead["torch.matmul"], overhead["torch.matmul (again)"]),
+    }
+    result = {"env": env, "shapes": rows, "host_overhead_us": overhead, "first_call": first, "summary": summary}
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "matmul.json").write_text(json.dumps(result, indent=1))
+
+    print("\n| shape (M, N, K) | bucket | cuBLAS TFLOP/s | matmul | matmul_triton | autotune | max rel err |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        t, q = r["tflops"], r["ratio_vs_torch"]
+        print(
+            f"| {tuple(r['shape'])} | {r['bucket']} ({r['backend']}) | {t['torch']:.1f} | {t['matmul']:.1f} ({q['matmul']:.3f}x)"
+            f" | {t['triton']:.1f} ({q['triton']:.3f}x) | {t['autotune']:.1f} ({q['autotune']:.3f}x)"
+            f" | {max(r['rel_err'].values()):.1e} |"
+        )
+    print(
+        f"\ngeomean vs torch.matmul: matmul {summary['geomean_matmul']:.3f}x (min {summary['min_matmul']:.3f}x), "
+        f"matmul_triton {summary['geomean_triton']:.3f}x, autotune {summary['geomean_autotune']:.3f}x; "
+        f"host overhead at M=1: {summary['host_overhead_ratio']:.2f}x torch.matmul"
+    )
+
+
+if __name__ == "__main__":
+    main()
