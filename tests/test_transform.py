@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+import torch  # noqa: E402
 
 import generated.transform as T  # noqa: E402
 from bench.reference_ops import (  # noqa: E402
