@@ -163,9 +163,14 @@ def test_rms_norm_plan_follows_the_record():
     # bf16 4096: one 8 KiB row a program; 16 elements a thread: no early weight load.
     p = T._plan_rms_norm(16384, 4096, 2, False, cfg)
     assert (p.kernel, p.grid, p.consts, p.num_warps) == (T._rms_norm_kernel, 16384, (False, 1, 4096, False), 8)
-    # bf16 8192: 32 elements a thread: the weight is loaded before the reduction.
+    # bf16 8192: a 16 KiB row is longer than the 8 KiB tile: two passes over 4096-element
+    # chunks, 16 warps so that each thread moves one 16-byte vector.
     p = T._plan_rms_norm(16384, 8192, 2, False, cfg)
-    assert p.consts == (False, 1, 8192, True) and p.num_warps == 8
+    assert (p.kernel, p.grid, p.consts, p.num_warps) == (T._rms_norm_loop_kernel, 16384, (False, 1, 4096, False), 16)
+    # The whole-row kernel loads the weight early once a thread holds >= 32 elements (BI-V100's
+    # 16 KiB tiles keep bf16 8192 rows whole: 8192 / 256 threads = 32).
+    p = T._plan_rms_norm(64, 8192, 2, False, T._LAUNCH["rms_norm"]["bi_v100"])
+    assert (p.kernel, p.consts, p.num_warps) == (T._rms_norm_kernel, (False, 1, 8192, True), 8)
     # small rows pack 8 KiB per program, then shrink until the grid fills a wave.
     p = T._plan_rms_norm(64, 512, 2, False, cfg)
     assert p.consts[1] == 1 and p.grid == 64
