@@ -108,10 +108,28 @@ def make_autotuned(configs: list[tuple]):
     )
     @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
     @triton.jit
-    def autotuned(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        _grouped(a, b, c, c, c, M, N, K, sam, sak, sbk, sbn, scm, scn, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                 1, "tf32")
+    def autotuned(
+        a,
+        b,
+        c,
+        M,
+        N,
+        K,
+        sam,
+        sak,
+        sbk,
+        sbn,
+        scm,
+        scn,
+        EVEN_K: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+    ):
+        _grouped(
+            a, b, c, c, c, M, N, K, sam, sak, sbk, sbn, scm, scn, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, 1, "tf32"
+        )
 
     def run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         M, K = a.shape
@@ -121,8 +139,7 @@ def make_autotuned(configs: list[tuple]):
         def grid(meta):
             return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)
 
-        autotuned[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
-                        c.stride(1))
+        autotuned[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
         return c
 
     return run
@@ -223,14 +240,17 @@ def first_call_child() -> None:
     b = torch.randn(K, N, device=DEVICE, dtype=torch.float32).to(DTYPE)
     a2 = torch.randn(ARGS.again_m, K, device=DEVICE, dtype=torch.float32).to(DTYPE)
     if ARGS.first_call == "generated":
+
         def fn(x):
             return mm.matmul_triton(x, b, hw=ARGS.hw)
+
     else:
         configs = candidate_configs(ARGS.hw)
         run = make_autotuned(configs[:1] if ARGS.cpu_smoke else configs)
 
         def fn(x):
             return run(x, b)
+
     torch.matmul(a, b)  # CUDA context, cuBLAS handle: not part of the first call
     if ARGS.warm_triton:
         # A process that has already run some Triton kernel: driver and runtime initialised.
@@ -258,8 +278,16 @@ def first_call_latency(hw) -> list[dict]:
             for method in ("generated", "autotune"):
                 with tempfile.TemporaryDirectory() as cache:
                     env = dict(os.environ, TRITON_CACHE_DIR=cache)
-                    cmd = [sys.executable, __file__, "--first-call", method, "--shape", f"{M}x{N}x{K}",
-                           "--again-m", str(again_m)]
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--first-call",
+                        method,
+                        "--shape",
+                        f"{M}x{N}x{K}",
+                        "--again-m",
+                        str(again_m),
+                    ]
                     cmd += ["--hw", hw] if hw else []
                     cmd += ["--cpu-smoke"] if ARGS.cpu_smoke else []
                     cmd += ["--warm-triton"] if warm else []

@@ -78,10 +78,6 @@ class Value:
     expr: rules.Expr | None = None
     candidates: tuple[int, ...] | None = None  # with expr as the 'where' predicate
 
-    @property
-    def is_literal(self) -> bool:
-        return self.expr is None
-
 
 @dataclass(frozen=True)
 class Bound:

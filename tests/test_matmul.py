@@ -165,7 +165,11 @@ def test_empty_and_zero_k():
 @pytest.mark.parametrize(
     "make, exc, fragment",
     [
-        (lambda: (torch.randn(4, 5), torch.randn(6, 3)), ValueError, "inner dimensions differ: a is (4, 5), b is (6, 3)"),
+        (
+            lambda: (torch.randn(4, 5), torch.randn(6, 3)),
+            ValueError,
+            "inner dimensions differ: a is (4, 5), b is (6, 3)",
+        ),
         (lambda: (torch.randn(4), torch.randn(4, 3)), ValueError, "got shapes (4,) and (4, 3)"),
         (lambda: (torch.randn(4, 5).half(), torch.randn(5, 3)), TypeError, "torch.float16 and torch.float32"),
         (lambda: (torch.randn(4, 5).double(), torch.randn(5, 3).double()), TypeError, "torch.float64"),
