@@ -19,23 +19,19 @@ from bench.reference_ops import (  # noqa: E402
     reshape_and_cache_ref,
     swap_blocks_ref,
 )
-from generated.dispatch import HARDWARE, dispatch_kernel_config  # noqa: E402
-
-NAN = float("nan")
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
-DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if GPU else [])
-DTYPE_IDS = ["fp16", "fp32", "bf16"][: len(DTYPES)]
-TARGETS = sorted(HARDWARE)
-# Targets whose records differ most (tile_bytes 4-16 KiB, min_programs 64-1056): every case.
-BROAD = ("h200", "gb10", "bi_v100")
-
-
-def cases(representative, everything):
-    """(target, case) params: the representative cases on every target, all cases on BROAD."""
-    pairs = [(t, c) for t in TARGETS for c in representative]
-    pairs += [(t, c) for t in BROAD for c in everything if c not in representative]
-    return [pytest.param(t, c, id=f"{t}-{'-'.join(map(str, c))}") for t, c in pairs]
+from generated.dispatch import dispatch_kernel_config  # noqa: E402
+from kernel_cases import (  # noqa: E402
+    DEVICE,
+    DTYPE_IDS,
+    DTYPES,
+    GPU,
+    NAN,
+    TARGETS,
+    cases,
+    ones,
+    seeded,  # noqa: F401  (autouse fixture: a fixed seed per test)
+    zeros,
+)
 
 
 def check_exact(actual, expected):
@@ -45,19 +41,6 @@ def check_exact(actual, expected):
 
 def rnd(*shape, dtype=torch.float16):
     return torch.randn(*shape, dtype=torch.float32).to(dtype).to(DEVICE)
-
-
-def ones(*shape, dtype=torch.float32):
-    return torch.ones(*shape, dtype=dtype, device=DEVICE)
-
-
-def zeros(*shape, dtype=torch.int64):
-    return torch.zeros(*shape, dtype=dtype, device=DEVICE)
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(1234)
 
 
 def test_launch_records_cover_every_target():

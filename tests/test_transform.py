@@ -20,25 +20,23 @@ from bench.reference_ops import (  # noqa: E402
     silu_and_mul_ref,
 )
 from generated.dispatch import HARDWARE, dispatch_kernel_config  # noqa: E402
+from kernel_cases import (  # noqa: E402
+    BROAD,
+    DEVICE,
+    DTYPE_IDS,
+    DTYPES,
+    GPU,
+    NAN,
+    TARGETS,
+    cases,
+    ones,
+    seeded,  # noqa: F401  (autouse fixture: a fixed seed per test)
+    zeros,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
-NAN = float("nan")
-GPU = torch.cuda.is_available()
-DEVICE = "cuda" if GPU else "cpu"
-DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if GPU else [])
-DTYPE_IDS = ["fp16", "fp32", "bf16"][: len(DTYPES)]
 TOL = {torch.float16: 2e-3, torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
-TARGETS = sorted(HARDWARE)
-# Targets whose records differ most (tile_bytes 4-16 KiB, min_programs 64-1056): every shape.
-BROAD = ("h200", "gb10", "bi_v100")
-
-
-def cases(representative, everything):
-    """(target, case) params: the representative cases on every target, all cases on BROAD."""
-    pairs = [(t, c) for t in TARGETS for c in representative]
-    pairs += [(t, c) for t in BROAD for c in everything if c not in representative]
-    return [pytest.param(t, c, id=f"{t}-{'-'.join(map(str, c))}") for t, c in pairs]
 
 
 def check(actual, expected, exact=False):
@@ -53,19 +51,6 @@ def check(actual, expected, exact=False):
 
 def rnd(*shape, dtype=torch.float16, scale=1.0):
     return (torch.randn(*shape, dtype=torch.float32) * scale).to(dtype).to(DEVICE)
-
-
-def ones(*shape, dtype=torch.float32):
-    return torch.ones(*shape, dtype=dtype, device=DEVICE)
-
-
-def zeros(*shape, dtype=torch.int64):
-    return torch.zeros(*shape, dtype=dtype, device=DEVICE)
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(1234)
 
 
 @pytest.fixture
