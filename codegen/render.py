@@ -159,6 +159,11 @@ def symbol(variant: str, inst: Instantiation) -> str:
     return f"{variant}_{inst.suffix}".upper()
 
 
+def target_table(vr: VariantResolution) -> list[tuple[str, str]]:
+    """(target, symbol of its instantiation), by target name."""
+    return [(t, f"{vr.variant}_{vr.target_instantiation[t]}".upper()) for t in sorted(vr.target_instantiation)]
+
+
 def target_list(tree: SpecTree, targets: tuple[str, ...]) -> str:
     archs = {hw.name: hw.spec.arch for hw in tree.hardware}
     return ", ".join(f"{t} ({archs[t]})" for t in targets)
@@ -266,14 +271,13 @@ def dispatch_context(resolution: Resolution) -> dict[str, Any]:
                         "values": [(k, repr(v)) for k, v in inst.value.record],
                     }
                 )
-            table = [(t, symbol(vr.variant, _inst(vr, t))) for t in sorted(vr.target_instantiation)]
             names = [vr.variant] + sorted(a for a, v in cfg.spec.aliases.items() if v == vr.variant)
             kernels.append(
                 {
                     "variant": vr.variant,
                     "params": ", ".join(f"{k}={v!r}" for k, v in sorted(vr.params.items())),
                     "instantiations": insts,
-                    "table": table,
+                    "table": target_table(vr),
                     "names": names,
                     "n_targets": len(vr.resolved),
                 }
@@ -317,8 +321,7 @@ def launch_tables(resolution: Resolution, configs: tuple[str, ...]) -> dict[str,
                 for inst in vr.instantiations
             ]
             symbols += [i["symbol"] for i in insts]
-            table = [(t, symbol(vr.variant, _inst(vr, t))) for t in sorted(vr.target_instantiation)]
-            tables.append({"kernel": vr.variant, "instantiations": insts, "table": table})
+            tables.append({"kernel": vr.variant, "instantiations": insts, "table": target_table(vr)})
     return {"tables": tables, "symbols": sorted(symbols)}
 
 
@@ -414,18 +417,10 @@ def matmul_context(resolution: Resolution) -> dict[str, Any]:
                 "table": [(t, selectors[vr.target_instantiation[t]]) for t in sorted(vr.target_instantiation)],
             }
         )
-    ordered = sorted(kernels.values(), key=lambda k: (k["fallback"] is None, k["name"]))
-    # Pointer fallbacks first, so a TMA kernel's record can name its fallback.
-    ordered = [k for k in ordered if k["kind"] != "tma_persistent"] + [
-        k for k in ordered if k["kind"] == "tma_persistent"
-    ]
+    # Pointer kernels first, so a TMA kernel's record can name its fallback.
+    ordered = sorted(kernels.values(), key=lambda k: (k["kind"] == "tma_persistent", k["name"]))
     kinds = sorted({k["kind"] for k in ordered})
     return {"kernels": ordered, "kinds": kinds, "policies": policies, "tables": tables}
-
-
-def _inst(vr: VariantResolution, target: str) -> Instantiation:
-    suffix = vr.target_instantiation[target]
-    return next(i for i in vr.instantiations if i.suffix == suffix)
 
 
 MODULE_DOCS = (
