@@ -145,28 +145,33 @@ def test_rms_norm_plan_follows_the_record():
     """Hand-computed plans for the H200 record (tile 8 KiB, 8 warps, 1056 programs a wave)."""
     cfg = T._LAUNCH["rms_norm"]["h200"]
     assert (cfg.tile_bytes, cfg.num_warps, cfg.min_programs) == (8192, 8, 1056)
-    # bf16 4096: one 8 KiB row a program; 16 elements a thread: no early weight load.
+    # bf16 4096: an 8 KiB row fills the tile: the two-pass kernel, one 4096-element chunk,
+    # 8 warps so that each thread moves two 16-byte vectors; the row length is compiled in.
     p = T._plan_rms_norm(16384, 4096, 2, False, cfg)
-    assert (p.kernel, p.grid, p.consts, p.num_warps) == (T._rms_norm_kernel, 16384, (False, 1, 4096, False), 8)
-    # bf16 8192: a 16 KiB row is longer than the 8 KiB tile: two passes over 4096-element
-    # chunks, 16 warps so that each thread moves one 16-byte vector.
+    two_pass = T._rms_norm_loop_kernel
+    assert (p.kernel, p.grid, p.consts, p.num_warps) == (two_pass, 16384, (False, 1, 4096, False, 4096), 8)
+    # bf16 8192: two 4096-element chunks, 16 warps (two vectors a thread over the row).
     p = T._plan_rms_norm(16384, 8192, 2, False, cfg)
-    assert (p.kernel, p.grid, p.consts, p.num_warps) == (T._rms_norm_loop_kernel, 16384, (False, 1, 4096, False), 16)
-    # The whole-row kernel loads the weight early once a thread holds >= 32 elements (BI-V100's
-    # 16 KiB tiles keep bf16 8192 rows whole: 8192 / 256 threads = 32).
+    assert (p.kernel, p.grid, p.consts, p.num_warps) == (two_pass, 16384, (False, 1, 4096, False, 8192), 16)
+    # BI-V100's 16 KiB tiles: a bf16 8192 row is one chunk.
     p = T._plan_rms_norm(64, 8192, 2, False, T._LAUNCH["rms_norm"]["bi_v100"])
-    assert (p.kernel, p.consts, p.num_warps) == (T._rms_norm_kernel, (False, 1, 8192, True), 8)
+    assert (p.kernel, p.consts, p.num_warps) == (two_pass, (False, 1, 8192, False, 8192), 16)
+    # Rows shorter than a tile stay in registers, packed; the weight is loaded early once a
+    # thread holds >= 32 elements (BI-V100: 4 rows of 2048 = 8192 elements over 256 threads).
+    p = T._plan_rms_norm(4096, 2048, 2, False, T._LAUNCH["rms_norm"]["bi_v100"])
+    assert (p.kernel, p.grid, p.consts, p.num_warps) == (T._rms_norm_kernel, 1024, (False, 4, 2048, True), 8)
     # small rows pack 8 KiB per program, then shrink until the grid fills a wave.
     p = T._plan_rms_norm(64, 512, 2, False, cfg)
     assert p.consts[1] == 1 and p.grid == 64
     bi = T._LAUNCH["rms_norm"]["bi_v100"]  # 16 KiB tiles, 64 programs a wave
     p = T._plan_rms_norm(4096, 512, 2, False, bi)
     assert p.consts[1] == 16 and p.grid == 256
-    # fp32 16384: 64 elements a thread at 8 warps: grows to 16 warps.
-    assert T._plan_rms_norm(1, 16384, 4, False, cfg).num_warps == 16
-    # beyond 16384 elements: the two-pass kernel, 8 KiB chunks.
+    # fp32 16384: 2048-element (8 KiB) chunks; 16 warps give each thread one vector a chunk.
+    p = T._plan_rms_norm(1, 16384, 4, False, cfg)
+    assert (p.consts, p.num_warps) == ((False, 1, 2048, False, 16384), 16)
+    # beyond 16384 elements: 8 KiB chunks, the row length stays a runtime value.
     p = T._plan_rms_norm(3, 16400, 2, True, cfg)
-    assert (p.kernel, p.grid, p.consts) == (T._rms_norm_loop_kernel, 3, (True, 1, 4096, False))
+    assert (p.kernel, p.grid, p.consts) == (two_pass, 3, (True, 1, 4096, False, 0))
 
 
 def test_rms_norm_errors():
@@ -313,6 +318,10 @@ def test_rotary_plan_follows_the_record():
     # One token: the tile cannot shrink below one 16-byte vector a thread (2048 elements).
     p = T._plan_rotary_embedding(1, 32, 8, 128, 128, True, 2, h200)
     assert (p.grid, p.consts[3], p.info, p.num_warps) == (3, 16, (2, 3), 4)
+    # Partial rotary (64 of 128): a tile still counts whole 128-element heads (16 heads), whose
+    # 16 x 32-element halves need 2 warps for one 16-byte vector a thread.
+    p = T._plan_rotary_embedding(16384, 32, 8, 64, 128, True, 2, h200)
+    assert (p.grid, p.consts, p.info, p.num_warps) == (16384 * 3, (128, 32, 32, 16, True), (2, 3), 2)
     bi = T._LAUNCH["rotary_embedding"]["bi_v100"]  # 16 KiB: 64 heads, 32 q + 8 k -> 2 programs
     p = T._plan_rotary_embedding(1, 32, 8, 128, 128, False, 2, bi)
     assert (p.grid, p.consts, p.info) == (2, (128, 64, 64, 32, False), (1, 2))
