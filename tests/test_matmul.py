@@ -154,6 +154,33 @@ def test_views_are_used_as_they_are(monkeypatch):
     assert seen and seen[0][0] is a and seen[0][1] is b and seen[0][2] is out
 
 
+def test_split_k_workspaces_are_per_stream(monkeypatch):
+    """Split-K partials and counters are reused launch after launch; calls on two streams must
+    not share them.  The stream key is faked (the interpreter has no streams): each stream gets
+    its own buffers, a stream's second call reuses its own, and every result is right."""
+    v = next(v for name, v in sorted(mm.VARIANTS.items()) if v.split_k > 1 and "_fp32_" not in name)
+    stream = ["s0"]
+    monkeypatch.setattr(mm, "_stream_key", lambda device: stream[0])
+    monkeypatch.setattr(mm, "_WORKSPACES", {})
+
+    def run(a, b, out):
+        v.launch(a, b, out, a.shape[0], b.shape[1], a.shape[1])
+        return out
+
+    check(run, 7, 130, 300, torch.float16)
+    first = dict(mm._WORKSPACES)
+    stream[0] = "s1"
+    check(run, 7, 130, 300, torch.float16)
+    assert {k[1] for k in mm._WORKSPACES} == {"s0", "s1"}
+    s0 = {k[2]: t for k, t in mm._WORKSPACES.items() if k[1] == "s0"}
+    s1 = {k[2]: t for k, t in mm._WORKSPACES.items() if k[1] == "s1"}
+    assert set(s0) == set(s1) == {"split_k_partials", "split_k_counters"}
+    assert all(s0[n].data_ptr() != s1[n].data_ptr() for n in s0)
+    stream[0] = "s0"
+    check(run, 7, 130, 300, torch.float16)
+    assert all(mm._WORKSPACES[k] is t for k, t in first.items())  # s0 kept its own buffers
+
+
 def test_empty_and_zero_k():
     a, b = operands(5, 7, 0, torch.float16)
     out = mm.matmul_triton(a, b, hw="h200")
