@@ -21,6 +21,7 @@ from .errors import KeyPath, SpecErrors, SpecProblem, format_keypath, problem
 from .models import (
     BOUND_RE,
     BUCKET_KEYS,
+    INHERITED_KEYS,
     POLICY_KEYS,
     VENDORS,
     CheckSpec,
@@ -48,11 +49,50 @@ class Source:
     path: str
     text: str = field(repr=False)
 
+    def origin(self, keypath: KeyPath) -> tuple["Source", KeyPath, str]:
+        """The file that defines ``keypath``, the key path there, and a note for messages
+        ("" when the key is defined in this file)."""
+        return self, keypath, ""
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every spec file this source draws on."""
+        return (self.path,)
+
     def line(self, keypath: KeyPath) -> int | None:
-        return locate(self.text, keypath)
+        src, kp, _ = self.origin(keypath)
+        return locate(src.text, kp)
+
+    def where(self, keypath: KeyPath) -> str:
+        """``path:line`` of a key path (``path`` alone when the line is unknown)."""
+        src, kp, _ = self.origin(keypath)
+        line = locate(src.text, kp)
+        return f"{src.path}:{line}" if line else src.path
 
     def problem(self, keypath: KeyPath, rule: str, **value: Any) -> SpecProblem:
-        return problem(self.path, keypath, rule, line=self.line(keypath), **value)
+        src, kp, note = self.origin(keypath)
+        return problem(src.path, kp, rule + note, line=locate(src.text, kp), **value)
+
+
+@dataclass(frozen=True)
+class InheritedSource(Source):
+    """The source of a config with ``extends``: key paths under an inherited key point at
+    the config that defines it, so messages and generated comments cite that file."""
+
+    config: str = ""
+    # (key, defining file, defining config) for every inherited key, sorted by key.
+    inherited: tuple[tuple[str, Source, str], ...] = field(default=(), repr=False)
+
+    def origin(self, keypath: KeyPath) -> tuple[Source, KeyPath, str]:
+        if len(keypath) > 1 and keypath[0] == self.config:
+            for key, src, parent in self.inherited:
+                if keypath[1] == key:
+                    return src, (parent,) + tuple(keypath[1:]), f" (inherited by {self.config})"
+        return self, keypath, ""
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(sorted({self.path} | {src.path for _, src, _ in self.inherited}))
 
 
 @dataclass(frozen=True)
@@ -156,7 +196,7 @@ class SpecTree:
     def files(self) -> tuple[str, ...]:
         paths = [h.source.path for h in self.hardware]
         paths += [m.source.path for m in self.models.values()]
-        paths += [c.source.path for c in self.configs]
+        paths += [p for c in self.configs for p in c.source.paths]
         return tuple(sorted(set(paths)))
 
 
@@ -285,7 +325,7 @@ def _load_models(entries, problems: list[SpecProblem]) -> dict[str, Model]:
 
 
 def _load_configs(entries, models: Mapping[str, Model], problems: list[SpecProblem]) -> tuple[Config, ...]:
-    configs: list[Config] = []
+    tables: list[tuple[str, Source, dict[str, Any]]] = []
     for _stem, source, data in entries:
         if not data:
             problems.append(source.problem((), "kernel spec defines no config tables"))
@@ -296,9 +336,18 @@ def _load_configs(entries, models: Mapping[str, Model], problems: list[SpecProbl
             if not isinstance(table, dict):
                 problems.append(source.problem((name,), "a config must be a table", value=table))
                 continue
-            cfg = _load_config(name, table, source, models, problems)
-            if cfg is not None:
-                configs.append(cfg)
+            tables.append((name, source, table))
+    by_name: dict[str, tuple[Source, dict[str, Any]]] = {}
+    for name, source, table in tables:
+        by_name.setdefault(name, (source, table))  # a second definition is reported below
+    configs: list[Config] = []
+    for name, source, table in tables:
+        merged = _inherit(name, source, table, by_name, problems)
+        if merged is None:
+            continue
+        cfg = _load_config(name, merged[1], merged[0], models, problems)
+        if cfg is not None:
+            configs.append(cfg)
 
     # Names are global: config names, record names, dispatch names (variants and aliases).
     seen: dict[str, tuple[str, Config]] = {}
@@ -317,6 +366,46 @@ def _load_configs(entries, models: Mapping[str, Model], problems: list[SpecProbl
                 )
             seen.setdefault(tag, (kind, cfg))
     return tuple(sorted(configs, key=lambda c: c.name))
+
+
+def _inherit(
+    name: str,
+    source: Source,
+    table: dict[str, Any],
+    by_name: Mapping[str, tuple[Source, dict[str, Any]]],
+    problems: list[SpecProblem],
+) -> tuple[Source, dict[str, Any]] | None:
+    """A config table with its ``extends`` chain merged in (the nearest definer of each
+    inheritable key wins), and a source that locates inherited keys in their own files."""
+    if "extends" not in table:
+        return source, table
+    merged = dict(table)
+    inherited: dict[str, tuple[Source, str]] = {}
+    chain = [name]
+    cur, cur_source, cur_table = name, source, table
+    while "extends" in cur_table:
+        parent = cur_table["extends"]
+        path = (cur, "extends")
+        if not isinstance(parent, str) or parent not in by_name:
+            known = ", ".join(sorted(n for n in by_name if n != cur))
+            problems.append(cur_source.problem(path, f"no such config to extend (known: {known})", value=parent))
+            return None
+        if parent in chain:
+            problems.append(
+                cur_source.problem(path, f"extends forms a cycle: {' -> '.join(chain + [parent])}", value=parent)
+            )
+            return None
+        chain.append(parent)
+        cur_source, cur_table = by_name[parent]
+        cur = parent
+        for key in INHERITED_KEYS:
+            if key not in merged and key in cur_table:
+                merged[key] = cur_table[key]
+                inherited[key] = (cur_source, parent)
+    view = InheritedSource(
+        source.path, source.text, name, tuple((k, src, p) for k, (src, p) in sorted(inherited.items()))
+    )
+    return view, merged
 
 
 def _load_config(

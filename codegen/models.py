@@ -212,11 +212,20 @@ class BucketDims(Spec):
     doc: StrictStr
 
 
+# Keys a config inherits through ``extends``: what its values are and how they are chosen.  Its
+# identity (record, doc, variants, aliases) is always its own.
+INHERITED_KEYS = ("model", "fields", "derived", "checks", "buckets", "policy", "base")
+
+
 class ConfigSpec(Spec):
     """One config record and its policies (a top-level table of a kernel file)."""
 
     record: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$")]
     doc: StrictStr
+    # Another config (in any kernel file) whose inheritable keys (INHERITED_KEYS) this one
+    # takes where it does not set them; a key set here replaces the inherited one whole.
+    # load.py merges before validation, so this model only sees the merged table.
+    extends: Ident | None = None
     # Model spec the rules see as ``model``; None if the config needs none.
     model: Ident | None = None
     # Names this config is resolved under, each binding parameters the rules

@@ -175,7 +175,7 @@ def policy_origin(vr: VariantResolution, inst: Instantiation) -> str:
     seen = []
     for target in inst.targets:
         pol = vr.resolved[target].policy
-        text = f"{pol.label} ({src.path}:{src.line(pol.keypath)})"
+        text = f"{pol.label} ({src.where(pol.keypath)})"
         if text not in seen:
             seen.append(text)
     return "; ".join(seen)
@@ -229,7 +229,7 @@ def spec_files(resolution: Resolution, configs: tuple[str, ...] | None = None) -
     paths = {hw.source.path for hw in tree.hardware}
     for cfg in tree.configs:
         if configs is None or cfg.name in configs:
-            paths.add(cfg.source.path)
+            paths.update(cfg.source.paths)
             if cfg.spec.model:
                 paths.add(tree.models[cfg.spec.model].source.path)
     return tuple(sorted(paths))

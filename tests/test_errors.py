@@ -132,6 +132,28 @@ CASES = [
         ["transform.base.bytes_in_flight.expr", "'hw.bytes_inflight' is not a hardware attribute"],
         "hw.bytes_inflight",
     ),
+    (
+        "extends an unknown config",
+        "specs/kernels/cache.toml",
+        'extends = "transform_launch"',
+        'extends = "transfrom_launch"',
+        ["specs/kernels/cache.toml:", "cache_launch.extends: no such config to extend", "(got 'transfrom_launch')"],
+        'extends = "transfrom_launch"',
+    ),
+    (
+        # cache_launch inherits transform_launch's policies, whose tile rule reads tile_divisor:
+        # the message points at the rule in transform.toml and names the config that inherited it.
+        "inherited rule reads a parameter the child lacks",
+        "specs/kernels/cache.toml",
+        "variants = { reshape_and_cache = { tile_divisor = 2 }, copy_blocks = { tile_divisor = 2 } }",
+        "variants = { reshape_and_cache = {}, copy_blocks = {} }",
+        [
+            "specs/kernels/transform.toml:",
+            "transform_launch.policy[0].tile_bytes.expr: rule reads unknown name(s) tile_divisor",
+            "(inherited by cache_launch)",
+        ],
+        None,
+    ),
 ]
 
 
@@ -207,3 +229,40 @@ def test_seed_matmul_config_does_not_fit_gb10(project):
     # The RTX 5090 (same 99 KB) fails too; Hopper parts are untouched by this policy.
     assert "target rtx5090" in result.err and "target h200" not in result.err
     assert snapshot(project / "generated") == before
+
+
+def test_inherited_problem_gives_the_parent_file_line(project):
+    """Problems in an inherited key, at load and at resolve time, are located in the file and
+    line that define it and name the config that inherited it."""
+    transform = project / "specs/kernels/transform.toml"
+    line = line_of(transform, "// tile_divisor, min_tile, max_tile")
+    cache = project / "specs/kernels/cache.toml"
+    text = cache.read_text()
+    # One variant without the parameter: the rule fails per target when resolved.
+    edit(cache, "copy_blocks = { tile_divisor = 2 }", "copy_blocks = { tile_divider = 2 }")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    where = (
+        f"specs/kernels/transform.toml:{line}: transform_launch.policy[0].tile_bytes: policy nvidia>=90 on target h200"
+    )
+    assert where in result.err
+    assert "'tile_divisor' is not defined (inherited by cache_launch) [variant copy_blocks]" in result.err
+    # No variant has it: the rule is rejected when loaded.
+    cache.write_text(text.replace("{ tile_divisor = 2 }", "{}"))
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    assert f"specs/kernels/transform.toml:{line}: transform_launch.policy[0].tile_bytes.expr: rule reads" in result.err
+
+
+def test_extends_cycle_is_an_error(project):
+    edit(
+        project / "specs/kernels/transform.toml",
+        'record = "TransformLaunch"',
+        'record = "TransformLaunch"\nextends = "cache_launch"',
+    )
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    assert "Traceback" not in result.err
+    assert "cache_launch.extends: extends forms a cycle: transform_launch -> cache_launch -> transform_launch" in (
+        result.err
+    )

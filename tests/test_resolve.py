@@ -217,3 +217,51 @@ def test_rule_result_type_is_checked(tmp_path):
     bad = policy("nvidia", 80, 16).replace("block = 16", 'block = { expr = "hw.sm_count / 3" }')
     with pytest.raises(SpecErrors, match="gave a float; the field is int"):
         resolve_tree(tmp_path, hardware, bad)
+
+
+def extends_tile(name: str, dtype_bytes: int) -> str:
+    """A config that extends TILE's ``tile`` and sets only its identity."""
+    return f"""
+[{name}]
+record = "{name.title()}Config"
+doc = "Extends tile."
+extends = "tile"
+variants = {{ {name} = {{ dtype_bytes = {dtype_bytes} }} }}
+"""
+
+
+def test_extends_inherits_unset_keys_and_keeps_set_ones(tmp_path):
+    """A config with ``extends`` takes the parent's fields, derived values, checks and policies
+    (here from another file); a key it sets itself replaces the inherited one whole."""
+    hardware = {"a100": hw_toml("nvidia", 80, optin=LARGE), "h100": hw_toml("nvidia", 90, optin=LARGE)}
+    child = extends_tile("copy", 4) + extends_tile("own", 2) + policy("nvidia", 80, 16).replace("tile.", "own.")
+    parent = TILE.format(policies=policy("nvidia", 80, 64, stages=2) + policy("nvidia", 90, 32, stages=3))
+    make_tree(tmp_path, hardware, {"tile": parent, "zchild": child})
+    res = resolve.resolve(load.load(tmp_path))
+    got = {vr.variant: {t: dict(r.record) for t, r in vr.resolved.items()} for vr in res.variants}
+    assert got["copy"] == got["tile"] == {"a100": {"block": 64, "stages": 2}, "h100": {"block": 32, "stages": 3}}
+    assert got["own"] == {"a100": {"block": 16, "stages": 1}, "h100": {"block": 16, "stages": 1}}
+    tree = load.load(tmp_path)
+    copy = tree.config("copy")
+    # The inherited check runs with the child's parameters, and locates itself in the parent's file.
+    assert [c.spec.name for c in copy.checks] == ["fits shared memory"]
+    assert copy.source.paths == ("specs/kernels/tile.toml", "specs/kernels/zchild.toml")
+    assert copy.source.where(copy.policies[0].keypath).startswith("specs/kernels/tile.toml:")
+    assert (
+        tree.config("own").source.where(tree.config("own").policies[0].keypath).startswith("specs/kernels/zchild.toml:")
+    )
+
+
+def test_inherited_check_uses_the_childs_parameters(tmp_path):
+    """The parent's policy fits with 2-byte elements (64 x 256 x 2 B = 32 KiB); a child resolving
+    it for 8-byte ones (128 KiB > 99 KiB) fails the inherited check, reported at the parent's
+    policy and naming the child."""
+    hardware = {"a100": hw_toml("nvidia", 80, optin=SMALL)}
+    parent = TILE.format(policies=policy("nvidia", 80, 64, stages=1))
+    child = extends_tile("wide", 8)
+    make_tree(tmp_path, hardware, {"tile": parent, "wide": child})
+    with pytest.raises(SpecErrors) as exc:
+        resolve.resolve(load.load(tmp_path))
+    (p,) = exc.value.problems
+    assert p.file == "specs/kernels/tile.toml" and p.keypath[:2] == ("tile", "policy")
+    assert "fails check 'fits shared memory'" in p.rule and "(inherited by wide)" in p.rule
