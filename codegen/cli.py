@@ -138,11 +138,17 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
         params = ", ".join(f"{k}={v!r}" for k, v in sorted(vr.params.items()))
         title = f"== {vr.variant} ({cfg.spec.record}, {src.path}{'; ' + params if params else ''}) =="
         targets = [t for t in vr.resolved if hw is None or t == hw]
-        rows = [["target", "vendor", "arch", "policy (line)", "instantiation"]]
+        rows = [["target", "vendor", "arch", "policy (file:line)", "instantiation"]]
         for t in targets:
             pol = vr.resolved[t].policy
             rows.append(
-                [t, archs[t][0], str(archs[t][1]), f"{pol.label} ({src.line(pol.keypath)})", vr.target_instantiation[t]]
+                [
+                    t,
+                    archs[t][0],
+                    str(archs[t][1]),
+                    f"{pol.label} ({src.where(pol.keypath)})",
+                    vr.target_instantiation[t],
+                ]
             )
         insts = [i for i in vr.instantiations if any(t in i.targets for t in targets)]
         lines = [

@@ -247,8 +247,29 @@ def load(root: Path) -> SpecTree:
     if not raw["hardware"] and not problems:
         problems.append(problem("specs/hardware", (), "no hardware specs: at least one target is needed"))
     if problems:
-        raise SpecErrors(problems)
+        raise SpecErrors(_without_inherited_repeats(problems))
     return SpecTree(root=root, hardware=hardware, models=models, configs=configs)
+
+
+_INHERITED_NOTE = re.compile(r" \(inherited by [a-z][a-z0-9_]*\)")
+
+
+def _without_inherited_repeats(problems: list[SpecProblem]) -> list[SpecProblem]:
+    """A load problem in a parent's key is found once for the parent and once more for each
+    config that extends it: keep one report, the parent's own where there is one."""
+
+    def key(p: SpecProblem) -> tuple:
+        return (p.file, p.line, p.keypath, _INHERITED_NOTE.sub("", p.rule), p.has_value, repr(p.value))
+
+    own = {key(p) for p in problems if not _INHERITED_NOTE.search(p.rule)}
+    out, seen = [], set()
+    for p in problems:
+        k = key(p)
+        if k in seen or (_INHERITED_NOTE.search(p.rule) and k in own):
+            continue
+        seen.add(k)
+        out.append(p)
+    return out
 
 
 def _toml_error_line(message: str) -> int | None:
@@ -337,11 +358,17 @@ def _load_configs(entries, models: Mapping[str, Model], problems: list[SpecProbl
                 problems.append(source.problem((name,), "a config must be a table", value=table))
                 continue
             tables.append((name, source, table))
+    # A config name is defined once: a second definition is reported and not loaded (before
+    # validation, so that neither copy can hide the other, and extends finds one parent).
     by_name: dict[str, tuple[Source, dict[str, Any]]] = {}
     for name, source, table in tables:
-        by_name.setdefault(name, (source, table))  # a second definition is reported below
+        if name in by_name:
+            first = by_name[name][0]
+            problems.append(source.problem((name,), f"config is already defined by {first.path} ({name})", value=name))
+        else:
+            by_name[name] = (source, table)
     configs: list[Config] = []
-    for name, source, table in tables:
+    for name, (source, table) in by_name.items():
         merged = _inherit(name, source, table, by_name, problems)
         if merged is None:
             continue
@@ -386,8 +413,13 @@ def _inherit(
     while "extends" in cur_table:
         parent = cur_table["extends"]
         path = (cur, "extends")
-        if not isinstance(parent, str) or parent not in by_name:
-            known = ", ".join(sorted(n for n in by_name if n != cur))
+        known = ", ".join(sorted(n for n in by_name if n != cur))
+        if not isinstance(parent, str):
+            problems.append(
+                cur_source.problem(path, f"must be a string naming a config (known: {known})", value=parent)
+            )
+            return None
+        if parent not in by_name:
             problems.append(cur_source.problem(path, f"no such config to extend (known: {known})", value=parent))
             return None
         if parent in chain:

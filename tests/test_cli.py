@@ -114,6 +114,15 @@ def test_show_lists_policies_thresholds_and_groups():
     assert "bi_v100" in one and "h200" not in one
 
 
+def test_show_cites_an_inherited_policy_where_it_is_defined():
+    """cache_launch extends transform_launch: its policies' lines are in transform.toml."""
+    out = run_cli("show", "reshape_and_cache", "--hw", "h200").out
+    assert "== reshape_and_cache (CacheLaunch, specs/kernels/cache.toml; tile_divisor=2) ==" in out
+    text = (REPO / "specs/kernels/transform.toml").read_text().splitlines()
+    line = next(i for i, t in enumerate(text, start=1) if t == "[[transform_launch.policy]]")
+    assert f"nvidia>=90 (specs/kernels/transform.toml:{line})" in out
+
+
 def test_console_entry_point_runs_check():
     proc = subprocess.run([sys.executable, "-m", "codegen", "check"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -141,6 +141,14 @@ CASES = [
         'extends = "transfrom_launch"',
     ),
     (
+        "extends is not a name",
+        "specs/kernels/cache.toml",
+        'extends = "transform_launch"',
+        'extends = ["transform_launch"]',
+        ["cache_launch.extends: must be a string naming a config", "(got ['transform_launch'])"],
+        'extends = ["transform_launch"]',
+    ),
+    (
         # cache_launch inherits transform_launch's policies, whose tile rule reads tile_divisor:
         # the message points at the rule in transform.toml and names the config that inherited it.
         "inherited rule reads a parameter the child lacks",
@@ -266,3 +274,30 @@ def test_extends_cycle_is_an_error(project):
     assert "cache_launch.extends: extends forms a cycle: transform_launch -> cache_launch -> transform_launch" in (
         result.err
     )
+
+
+def test_a_parents_problem_is_reported_once(project):
+    """A broken rule in transform_launch is found for it and again for cache_launch, which
+    inherits it: one report, the parent's own."""
+    edit(project / "specs/kernels/transform.toml", 'rule = "min_programs >= hw.sm_count"', 'rule = "min_programs >="')
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    assert result.err.count("transform_launch.checks[2].rule: invalid rule") == 1, result.err
+    assert "inherited by" not in result.err
+
+
+def test_a_second_definition_of_a_config_is_reported_and_not_used(project):
+    """A config name defined twice is reported at the second definition (files are read in name
+    order: aa.toml first) even when the first is invalid; the first's own problem is reported
+    once, although cache_launch inherits it too."""
+    (project / "specs/kernels/aa.toml").write_text(
+        '[transform_launch]\nrecord = "Other"\ndoc = "a second transform_launch"\nfields = "oops"\n'
+    )
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    assert "2 problems" in result.err, result.err
+    assert re.search(
+        r"specs/kernels/transform\.toml:\d+: transform_launch: config is already defined by specs/kernels/aa\.toml",
+        result.err,
+    )
+    assert "specs/kernels/aa.toml:4: transform_launch.fields: Input should be a valid dictionary" in result.err

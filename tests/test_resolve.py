@@ -265,3 +265,19 @@ def test_inherited_check_uses_the_childs_parameters(tmp_path):
     (p,) = exc.value.problems
     assert p.file == "specs/kernels/tile.toml" and p.keypath[:2] == ("tile", "policy")
     assert "fails check 'fits shared memory'" in p.rule and "(inherited by wide)" in p.rule
+
+
+def test_extends_chains_take_each_key_from_the_nearest_definer(tmp_path):
+    """c extends b extends tile: b sets its own policies, so c takes b's policies and tile's
+    fields and checks."""
+    hardware = {"a100": hw_toml("nvidia", 80, optin=LARGE)}
+    parent = TILE.format(policies=policy("nvidia", 80, 64, stages=2))
+    middle = extends_tile("b", 2) + policy("nvidia", 80, 32).replace("tile.", "b.")
+    last = extends_tile("c", 2).replace('extends = "tile"', 'extends = "b"')
+    make_tree(tmp_path, hardware, {"tile": parent, "b": middle, "c": last})
+    res = resolve.resolve(load.load(tmp_path))
+    got = {vr.variant: dict(vr.resolved["a100"].record) for vr in res.variants}
+    assert got == {"tile": {"block": 64, "stages": 2}, "b": {"block": 32, "stages": 1}, "c": {"block": 32, "stages": 1}}
+    c = load.load(tmp_path).config("c")
+    assert c.source.where(c.policies[0].keypath).startswith("specs/kernels/b.toml:")
+    assert c.source.paths == ("specs/kernels/b.toml", "specs/kernels/c.toml", "specs/kernels/tile.toml")
