@@ -474,7 +474,9 @@ def make_cases(target):
                     ref=(R.rotary_embedding_ref, args),
                     bytes=2 * tok * (H + KH) * rot * es + tok * 8 + tok * rot * es,
                     plan=_plan(T._plan_rotary_embedding, tok, H, KH, rot, HS, neox, es, rec["rotary_embedding"]),
-                    pattern=(pattern_copy_fn(tok, H + KH, HS, rot), 2 * tok * (H + KH) * rot * es),
+                    pattern=(
+                        None if tok == 1 else (pattern_copy_fn(tok, H + KH, HS, rot), 2 * tok * (H + KH) * rot * es)
+                    ),
                 )
 
             name = f"rope {'neox' if neox else 'gptj'} rot={rot} T={tok}"

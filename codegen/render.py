@@ -254,7 +254,7 @@ def dispatch_context(resolution: Resolution) -> dict[str, Any]:
             {
                 "name": cfg.spec.record,
                 "doc": cfg.spec.doc,
-                "source": cfg.source.path,
+                "source": cfg.source.origin((cfg.name, "fields"))[0].path,  # the inherited fields' file
                 "fields": [(n, f.type, f.doc) for n, f in cfg.spec.fields.items()],
             }
         )

@@ -120,6 +120,24 @@ def test_rms_norm_strided_rows_and_fp32_weight(dtype):
     check(out, ref_out)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("n", [5000, 16400])
+def test_rms_norm_two_pass_on_strided_rows(dtype, n):
+    """Rows of a tile or more take the two-pass kernel (the row length compiled in up to 16384
+    elements, a runtime value past it, a ragged last chunk either way), with x and residual
+    each at a row stride of its own."""
+    x = rnd(3, n + 96, dtype=dtype)[:, 32 : 32 + n]
+    r = rnd(3, n + 8, dtype=dtype)[:, :n]
+    w = rnd(n, dtype=dtype)
+    plan = T._plan_rms_norm(3, n, x.element_size(), True, T._LAUNCH["rms_norm"]["h200"])
+    assert plan.kernel is T._rms_norm_loop_kernel and plan.consts[4] == (n if n <= 16384 else 0)
+    out, z = T.rms_norm(x, w, 1e-6, residual=r, hw="h200")
+    ref_out, ref_z = fused_add_rms_norm_ref(x, r, w, 1e-6)
+    check(z, ref_z, exact=True)
+    check(out, ref_out)
+    check(T.rms_norm(x, w, 1e-6, hw="h200"), rms_norm_ref(x, w, 1e-6))
+
+
 def test_rms_norm_residual_rounds_z_before_the_norm():
     """z = x + residual is rounded to fp16 before the norm (vLLM's CUDA kernel): with ties,
     the norm of the unrounded sum differs by one fp16 ulp in about half the outputs."""
