@@ -1,0 +1,53 @@
+"""The benchmarks' CPU smoke modes: every phase of bench/matmul.py and bench/membound.py runs on tiny
+shapes in Triton's interpreter, so a change that breaks a benchmark fails here and not first on the
+GPU.  The numbers printed are meaningless on a CPU; what is checked is that every phase ran and that
+every correctness check inside the benchmarks passed."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def run_bench(script: str, tmp_path, *args: str) -> str:
+    env = dict(os.environ, TRITON_INTERPRET="1", OUT=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), "--cpu-smoke", "--hw", "h200", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_matmul_bench_smoke(tmp_path):
+    out = run_bench("matmul.py", tmp_path)
+    # One table row per smoke shape, each with its bucket and an error against float64.
+    for shape in ("(33, 70, 48)", "(1, 40, 64)", "(8, 96, 32)"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {shape} |"))
+        err = float(row.rsplit("|", 2)[-2])
+        assert err < 1e-3, row
+    assert "geomean vs torch.matmul" in out
+    # Both first-call measurements (cold, initialised) ran in their fresh processes.
+    assert len(re.findall(r"first call 33x70x48 \(.*\): generated [\d.]+ s, autotune [\d.]+ s", out)) == 2, out
+
+
+def test_membound_bench_smoke(tmp_path):
+    out = run_bench("membound.py", tmp_path, "--smoke-compile")
+    assert "correctness: 13/13 OK" in out
+    result = json.loads((tmp_path / "membound.json").read_text())
+    assert result["errors"] == [] and result["skipped"] == []
+    cases = result["cases"]
+    # Every case was timed; the large ones against a same-size copy and torch.compile, RoPE's also
+    # against the copy of the same access pattern.
+    assert all("ours_us" in e for e in cases.values()), sorted(k for k, e in cases.items() if "ours_us" not in e)
+    large = {k: e for k, e in cases.items() if not e["decode"]}
+    assert large and all("copy_same_tbps" in e and "ours_vs_compile" in e for e in large.values())
+    rope = [e for k, e in large.items() if k.startswith("rope")]
+    assert rope and all("pattern_copy_tbps" in e for e in rope)
