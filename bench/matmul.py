@@ -25,7 +25,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +70,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from bench.timing import gpu_ms, interleaved  # noqa: E402
 from generated import matmul as mm  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 from generated.matmul import _grouped  # noqa: E402  (the kernel body the generated kernels share)
@@ -150,43 +150,14 @@ def make_autotuned(configs: list[tuple]):
 # Measurements
 
 
-# GPU cycles of torch.cuda._sleep queued after each L2 flush (~150 us at the H200's clock): longer
-# than the host takes to launch any method, so each timed kernel is already queued when its start
-# event fires.
-SLEEP_CYCLES = 300_000
-_FLUSH: list[torch.Tensor] = []
-
-
-def bench_ms(fn, reps: int = 100) -> float:
-    """Median GPU milliseconds of ``fn`` over ``reps`` runs, each after an L2 flush (as
-    triton.testing.do_bench), with the host's launch time kept off the clock.
-
-    do_bench records its start event right after the flush; when a launch takes the host longer
-    than the flush takes the GPU (a Python launch path on a slow host), the GPU idles between the
-    two and the idle time is counted as kernel time.  On 2026-11-30 one H200 host launched
-    torch.matmul in 22 us and matmul_triton in 48 us (another, 15 and 29 us): there do_bench put
-    the 20 us decode kernels at 0.78x cuBLAS, against 1.03x on the faster host.  Host overhead
-    is measured on its own (host_overhead).
-    """
+def bench_ms(fn) -> float:
+    """GPU milliseconds (bench/timing.py: L2 flushed, launch time off the clock); one timed call
+    in the CPU smoke mode."""
     if ARGS.cpu_smoke:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    if not _FLUSH:
-        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device=DEVICE))
-    flush = _FLUSH[0]
-    for _ in range(5):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush.zero_()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return gpu_ms(fn)
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -210,16 +181,7 @@ def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
         for name, fn in methods.items():  # correctness first (and compile/tune outside the timing)
             errors[name] = rel_err(fn(), ref)
         sync()
-        times: dict[str, list[float]] = {name: [] for name in methods}
-        ratios: dict[str, list[float]] = {name: [] for name in methods if name != "torch"}
-        order = list(methods)
-        for r in range(ARGS.rounds):
-            # Alternate the order so clock and thermal drift within a round favour nobody.
-            this_round = {name: bench_ms(methods[name]) for name in (order if r % 2 == 0 else order[::-1])}
-            for name, t in this_round.items():
-                times[name].append(t)
-            for name in ratios:
-                ratios[name].append(this_round["torch"] / this_round[name])
+        timed = interleaved(methods, ARGS.rounds, "torch", bench_ms)
         flops = 2.0 * M * N * K
         row = {
             "shape": [M, N, K],
@@ -227,9 +189,9 @@ def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
             "backend": "library" if bucket.library else "triton",
             "kernel": bucket.triton.name,
             "rel_err": errors,
-            "ms": {k: statistics.median(v) for k, v in times.items()},
-            "tflops": {k: flops / statistics.median(v) / 1e9 for k, v in times.items()},
-            "ratio_vs_torch": {k: statistics.median(v) for k, v in ratios.items()},
+            "ms": {k: t["ms"] for k, t in timed.items()},
+            "tflops": {k: flops / t["ms"] / 1e9 for k, t in timed.items()},
+            "ratio_vs_torch": {k: t["ratio"] for k, t in timed.items() if k != "torch"},
         }
         rows.append(row)
         r = row["ratio_vs_torch"]

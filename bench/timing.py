@@ -1,0 +1,60 @@
+"""GPU timing shared by the benchmarks: kernel time with the host's launch cost off the clock, and
+interleaved rounds against a reference.
+
+``gpu_ms`` exists because ``triton.testing.do_bench`` records its start event right after the L2
+flush: when a launch takes the host longer than the flush takes the GPU (a Python launch path on a
+slow host), the GPU idles between the two and the idle time is counted as kernel time.  On
+2026-11-30 one H200 host launched torch.matmul in 22 us and matmul_triton in 48 us (another, 15 and
+29 us): there do_bench put the 20 us decode kernels at 0.78x cuBLAS, against 1.03x on the faster
+host.  Host overhead is a separate measurement in each benchmark.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+# GPU cycles of torch.cuda._sleep queued after each L2 flush (~150 us at the H200's clock): longer
+# than the host takes to launch any method measured here, so each timed kernel is already queued
+# when its start event fires.
+SLEEP_CYCLES = 300_000
+_FLUSH: list[torch.Tensor] = []
+
+
+def gpu_ms(fn: Callable[[], object], reps: int = 100) -> float:
+    """Median GPU milliseconds of ``fn`` over ``reps`` runs, each after a 256 MiB L2 flush (as
+    do_bench), with a GPU sleep between the flush and the start event."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
+    flush = _FLUSH[0]
+    for _ in range(5):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.zero_()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def interleaved(
+    methods: dict[str, Callable[[], object]], rounds: int, reference: str, timer: Callable[..., float] = gpu_ms
+) -> dict[str, dict[str, float]]:
+    """Time every method once per round, in alternating order; per method: the median time (ms)
+    and the median over rounds of reference time / method time (so > 1 is faster)."""
+    names = list(methods)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        # Alternate the order so clock and thermal drift within a round favour nobody.
+        this = {n: timer(methods[n]) for n in (names if r % 2 == 0 else names[::-1])}
+        for n, t in this.items():
+            times[n].append(t)
+            ratios[n].append(this[reference] / t)
+    return {n: {"ms": statistics.median(times[n]), "ratio": statistics.median(ratios[n])} for n in names}
