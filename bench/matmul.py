@@ -70,7 +70,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bench.timing import gpu_ms, interleaved  # noqa: E402
+from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import matmul as mm  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 from generated.matmul import _grouped  # noqa: E402  (the kernel body the generated kernels share)
@@ -153,15 +153,7 @@ def make_autotuned(configs: list[tuple]):
 def bench_ms(fn) -> float:
     """GPU milliseconds (bench/timing.py: L2 flushed, launch time off the clock); one timed call
     in the CPU smoke mode."""
-    if ARGS.cpu_smoke:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    return gpu_ms(fn)
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.float() - ref).norm() / ref.norm()).item()
+    return cpu_ms(fn) if ARGS.cpu_smoke else gpu_ms(fn)
 
 
 def measure_shapes(shapes, hw, autotune_run) -> list[dict]:

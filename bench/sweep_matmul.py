@@ -31,7 +31,6 @@ import math
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +54,7 @@ if ARGS.cpu_smoke:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from bench.timing import gpu_ms, interleaved  # noqa: E402
+from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import dispatch  # noqa: E402
 from generated import matmul as mm  # noqa: E402
 
@@ -140,18 +139,6 @@ def parse_candidate(text: str, sm_count: int) -> dict:
     return c
 
 
-class _Scratch:
-    """triton.set_allocator hook for the TMA kernel's device-built descriptors."""
-
-    def __init__(self) -> None:
-        self.buf = None
-
-    def __call__(self, size: int, alignment: int, stream) -> torch.Tensor:
-        if self.buf is None or self.buf.numel() < size:
-            self.buf = torch.empty(max(size, 1 << 16), dtype=torch.int8, device="cuda")
-        return self.buf
-
-
 def launcher(c: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
     """A no-argument launch of candidate ``c`` computing out = a @ b (buffers made here)."""
     M, K = a.shape
@@ -182,16 +169,6 @@ def launcher(c: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
         a, b, out, ws, cnt, M, N, K, *strides, EVEN_K=K % c["BK"] == 0, BLOCK_M=c["BM"], BLOCK_N=c["BN"],
         BLOCK_K=c["BK"], GROUP_M=c["G"], SPLIT_K=c["SK"], DOT_PREC=prec, num_warps=c["W"], num_stages=c["S"],
     )  # fmt: skip
-
-
-def cpu_ms(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.float() - ref).norm() / ref.norm()).item()
 
 
 def sweep_shape(M: int, N: int, K: int, names: list[str], hw: str, sm_count: int) -> dict:
@@ -236,7 +213,7 @@ def main() -> int:
     hw = dispatch.target_name(ARGS.hw)
     sm_count = dispatch.HARDWARE[hw].sm_count
     if not ARGS.cpu_smoke:
-        triton.set_allocator(_Scratch())
+        triton.set_allocator(mm._ScratchAllocator())  # the descriptor scratch the launcher installs
     shapes = SMOKE_SHAPES if ARGS.cpu_smoke else list(CANDIDATES)
     if ARGS.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in ARGS.shapes]

@@ -12,6 +12,7 @@ host.  Host overhead is a separate measurement in each benchmark.
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable
 
 import torch
@@ -41,6 +42,18 @@ def gpu_ms(fn: Callable[[], object], reps: int = 100) -> float:
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def cpu_ms(fn: Callable[[], object]) -> float:
+    """Wall milliseconds of one call: the CPU smoke modes' stand-in for gpu_ms (interpreter)."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref||, got compared in float32 against a float32 reference."""
+    return ((got.float() - ref).norm() / ref.norm()).item()
 
 
 def interleaved(

@@ -12,7 +12,7 @@ import sys
 from conftest import REPO
 
 
-def run_bench(script: str, tmp_path, *args: str) -> str:
+def run_bench(script: str, tmp_path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
     env = dict(os.environ, TRITON_INTERPRET="1", OUT=str(tmp_path))
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / script), "--cpu-smoke", "--hw", "h200", *args],
@@ -22,12 +22,12 @@ def run_bench(script: str, tmp_path, *args: str) -> str:
         env=env,
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    assert proc.returncode == code, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
 
 
 def test_matmul_bench_smoke(tmp_path):
-    out = run_bench("matmul.py", tmp_path)
+    out = run_bench("matmul.py", tmp_path).stdout
     # One table row per smoke shape, each with its bucket and an error against float64.
     for shape in ("(33, 70, 48)", "(1, 40, 64)", "(8, 96, 32)"):
         row = next(line for line in out.splitlines() if line.startswith(f"| {shape} |"))
@@ -39,7 +39,7 @@ def test_matmul_bench_smoke(tmp_path):
 
 
 def test_membound_bench_smoke(tmp_path):
-    out = run_bench("membound.py", tmp_path, "--smoke-compile")
+    out = run_bench("membound.py", tmp_path, "--smoke-compile").stdout
     assert "correctness: 13/13 OK" in out
     result = json.loads((tmp_path / "membound.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
@@ -56,7 +56,7 @@ def test_membound_bench_smoke(tmp_path):
 def test_matmul_sweep_smoke(tmp_path):
     """Every smoke candidate (each kernel kind, split-K, the flattened TMA loop with a split
     epilogue) computes the right product on every smoke shape and is timed against the policy."""
-    out = run_bench("sweep_matmul.py", tmp_path)
+    out = run_bench("sweep_matmul.py", tmp_path).stdout
     result = json.loads((tmp_path / "sweep_matmul.json").read_text())
     assert [s["shape"] for s in result["shapes"]] == [[33, 72, 48], [130, 96, 304], [5, 200, 72]]
     for shape in result["shapes"]:
@@ -68,14 +68,6 @@ def test_matmul_sweep_smoke(tmp_path):
 
 
 def test_matmul_sweep_rejects_a_bad_candidate_before_running(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "bench/sweep_matmul.py", "--cpu-smoke", "--hw", "h200", "--candidates", "grp:64x64:w4s3"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=dict(os.environ, TRITON_INTERPRET="1"),
-        timeout=300,
-    )
-    assert proc.returncode == 2
+    proc = run_bench("sweep_matmul.py", tmp_path, "--candidates", "grp:64x64:w4s3", code=2)
     assert "bad candidate 'grp:64x64:w4s3'" in proc.stderr
     assert "cublas" not in proc.stdout  # nothing was timed
