@@ -239,6 +239,22 @@ def test_seed_matmul_config_does_not_fit_gb10(project):
     assert snapshot(project / "generated") == before
 
 
+def test_split_k_without_its_wave_fails(project):
+    """A split-K bucket must say which wave its splits may fill (the part's SM count)."""
+    toml = project / "specs/kernels/matmul.toml"
+    text = toml.read_text()
+    start = text.index('name = "small"')
+    wave = text.index('num_programs = { expr = "hw.sm_count" }', start)
+    toml.write_text(text[:wave] + "num_programs = 100" + text[wave + len('num_programs = { expr = "hw.sm_count" }') :])
+    before = snapshot(project / "generated")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    line = next(l for l in result.err.splitlines() if "target h200" in l and "bucket small" in l)
+    assert "fails check 'split-K fills one wave of the part'" in line
+    assert "split_k = 2 needs num_programs = h200's SM count (132) when above 1, else 0; got 100" in line
+    assert snapshot(project / "generated") == before
+
+
 def test_inherited_problem_gives_the_parent_file_line(project):
     """Problems in an inherited key, at load and at resolve time, are located in the file and
     line that define it and name the config that inherited it."""

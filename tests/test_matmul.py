@@ -5,6 +5,8 @@ TRITON_INTERPRET=1), which cannot do bf16 arithmetic: fp16 and fp32 are tested h
 bf16 on the GPU (bench/matmul.py checks it).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -179,6 +181,40 @@ def test_split_k_workspaces_are_per_stream(monkeypatch):
     stream[0] = "s0"
     check(run, 7, 130, 300, torch.float16)
     assert all(mm._WORKSPACES[k] is t for k, t in first.items())  # s0 kept its own buffers
+
+
+SPLIT_VARIANTS = sorted(n for n, v in mm.VARIANTS.items() if v.split_k > 1)
+
+
+@pytest.mark.parametrize("name", SPLIT_VARIANTS)
+def test_split_k_only_fills_one_wave(name):
+    """A split-K kernel splits as far as its programs fit one wave of the part (num_programs, the
+    SM count), and not at all once its tiles fill the wave; both launches are exact."""
+    v = mm.VARIANTS[name]
+    assert v.num_programs > 0
+    assert mm._splits(v, 1) == v.split_k
+    assert mm._splits(v, v.num_programs // v.split_k) == v.split_k
+    assert mm._splits(v, v.num_programs // v.split_k + 1) == max(1, v.num_programs // (v.num_programs // v.split_k + 1))
+    assert mm._splits(v, v.num_programs) == 1
+    assert mm._splits(v, 10 * v.num_programs) == 1
+    dtype = dtype_of(name)
+    M, N, K = (7, 130, 300) if v.kind == "small_m" else (19, 130, 300)
+    tiles = triton_cdiv(M, v.block_m) * triton_cdiv(N, v.block_n)
+    for wave, splits in ((tiles, 1), (tiles * v.split_k, v.split_k)):
+        w = dataclasses.replace(v, num_programs=wave)
+        assert mm._splits(w, tiles) == splits
+        mm._WORKSPACES.clear()
+
+        def run(a, b, out):
+            w.launch(a, b, out, M, N, K)
+            return out
+
+        check(run, M, N, K, dtype)  # with one split, a kernel that still cut K in two would be wrong
+        assert bool(mm._WORKSPACES) == (splits > 1)  # no split-K buffers when K is not split
+
+
+def triton_cdiv(x, y):
+    return -(-x // y)
 
 
 def test_empty_and_zero_k():
