@@ -210,7 +210,11 @@ def test_split_k_only_fills_one_wave(name):
             return out
 
         check(run, M, N, K, dtype)  # with one split, a kernel that still cut K in two would be wrong
-        assert bool(mm._WORKSPACES) == (splits > 1)  # no split-K buffers when K is not split
+        partials = next(t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_partials")
+        assert partials.dtype == torch.float32  # the kernel's split-K branch needs these types
+        # An unsplit launch sizes nothing for its tiles and writes no partials.
+        assert (partials.numel() >= tiles * splits * v.block_m * v.block_n) == (splits > 1)
+        assert bool(torch.count_nonzero(partials)) == (splits > 1)
 
 
 def triton_cdiv(x, y):
