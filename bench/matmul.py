@@ -14,7 +14,9 @@ measured as GPU time (median of 100 runs, L2 flushed before each, the host's lau
 off the clock: see bench_ms) in interleaved rounds;
 ratios are against torch.matmul measured in the same round.  Then, each in a fresh process
 with an empty Triton cache: the first call of a new shape (generated vs autotune), and a
-further new M in the same bucket; and host overhead at M = 1 (back-to-back calls, no graphs).
+further new M in the same bucket; host overhead at M = 1 (back-to-back calls, no graphs); and
+the same back-to-back loop at 16x11008x2048, a decode shape the h200 policy gives to Triton, where
+per-call time is whichever of host and GPU is slower.
 """
 
 from __future__ import annotations
@@ -196,10 +198,13 @@ def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
     return rows
 
 
-def host_overhead(hw) -> dict:
-    size = 64 if ARGS.cpu_smoke else 4096
-    a = torch.randn(1, size, device=DEVICE, dtype=torch.float32).to(DTYPE)
-    b = torch.randn(size, size, device=DEVICE, dtype=torch.float32).to(DTYPE)
+def host_overhead(hw, M: int, N: int, K: int) -> dict:
+    """Microseconds per call of back-to-back calls, no graphs: host cost where the GPU work is
+    shorter than the launch, and the eager loop's real per-call time either way."""
+    if ARGS.cpu_smoke:
+        M, N, K = min(M, 4), 64, 64
+    a = torch.randn(M, K, device=DEVICE, dtype=torch.float32).to(DTYPE)
+    b = torch.randn(K, N, device=DEVICE, dtype=torch.float32).to(DTYPE)
     n = 20 if ARGS.cpu_smoke else ARGS.overhead_calls
     out = {}
     for name, fn in [
@@ -321,8 +326,14 @@ def main() -> None:
     # The interpreter has no driver to benchmark with: the smoke run checks the wiring with one config.
     autotune_run = make_autotuned(configs[:1] if ARGS.cpu_smoke else configs)
     rows = measure_shapes(SMOKE_SHAPES if ARGS.cpu_smoke else SHAPES, hw, autotune_run)
-    overhead = host_overhead(hw)
+    overhead = host_overhead(hw, 1, 4096, 4096)
     print("host us/call at (1, 4096, 4096): " + ", ".join(f"{k} {v:.1f}" for k, v in overhead.items()), flush=True)
+    # A decode shape the h200 policy sends to Triton: does its GPU-time win survive an eager loop?
+    decode_loop = host_overhead(hw, 16, 11008, 2048)
+    print(
+        "eager loop us/call at (16, 11008, 2048): " + ", ".join(f"{k} {v:.1f}" for k, v in decode_loop.items()),
+        flush=True,
+    )
     first = first_call_latency(hw)
     summary = {
         "geomean_matmul": geomean(r["ratio_vs_torch"]["matmul"] for r in rows),
@@ -331,7 +342,14 @@ def main() -> None:
         "min_matmul": min(r["ratio_vs_torch"]["matmul"] for r in rows),
         "host_overhead_ratio": overhead["matmul"] / min(overhead["torch.matmul"], overhead["torch.matmul (again)"]),
     }
-    result = {"env": env, "shapes": rows, "host_overhead_us": overhead, "first_call": first, "summary": summary}
+    result = {
+        "env": env,
+        "shapes": rows,
+        "host_overhead_us": overhead,
+        "decode_eager_loop_us": decode_loop,
+        "first_call": first,
+        "summary": summary,
+    }
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "matmul.json").write_text(json.dumps(result, indent=1))
 

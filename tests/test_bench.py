@@ -34,6 +34,7 @@ def test_matmul_bench_smoke(tmp_path):
         err = float(row.rsplit("|", 2)[-2])
         assert err < 1e-3, row
     assert "geomean vs torch.matmul" in out
+    assert re.search(r"eager loop us/call at \(16, 11008, 2048\): torch.matmul [\d.]+, matmul [\d.]+", out), out
     # Both first-call measurements (cold, initialised) ran in their fresh processes.
     assert len(re.findall(r"first call 33x70x48 \(.*\): generated [\d.]+ s, autotune [\d.]+ s", out)) == 2, out
 

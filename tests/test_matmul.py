@@ -183,6 +183,22 @@ def test_split_k_workspaces_are_per_stream(monkeypatch):
     assert all(mm._WORKSPACES[k] is t for k, t in first.items())  # s0 kept its own buffers
 
 
+def test_descriptor_scratch_is_a_per_stream_workspace(monkeypatch):
+    """The TMA kernels' descriptor scratch (triton.set_allocator hook) comes from the same
+    per-device, per-stream workspaces as the split-K buffers, keyed by the stream Triton passes.
+    Wiring only: the TMA launch path itself runs on the GPU (tests above, bench/)."""
+    calls = []
+    monkeypatch.setattr(mm.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(mm, "_workspace", lambda *args: calls.append(args) or f"buffer {len(calls)}")
+    assert mm._descriptor_scratch(300, 128, 7) == "buffer 1"
+    assert mm._descriptor_scratch(1 << 20, 128, 9) == "buffer 2"
+    cuda0 = torch.device("cuda", 0)
+    assert calls == [
+        (cuda0, 7, "tma_descriptors", 1 << 16, torch.int8),
+        (cuda0, 9, "tma_descriptors", 1 << 20, torch.int8),
+    ]
+
+
 SPLIT_VARIANTS = sorted(n for n, v in mm.VARIANTS.items() if v.split_k > 1)
 
 
