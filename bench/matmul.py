@@ -15,8 +15,9 @@ off the clock: see bench_ms) in interleaved rounds;
 ratios are against torch.matmul measured in the same round.  Then, each in a fresh process
 with an empty Triton cache: the first call of a new shape (generated vs autotune), and a
 further new M in the same bucket; host overhead at M = 1 (back-to-back calls, no graphs); and
-the same back-to-back loop at 16x11008x2048, a decode shape the h200 policy gives to Triton, where
-per-call time is whichever of host and GPU is slower.
+the same back-to-back loop at 16x11008x2048, a decode shape, where per-call time is whichever of
+host and GPU is slower.  Buckets whose backend is "triton_in_graphs" (decode: Triton only inside
+CUDA graph capture) are also timed as graph replays of matmul and torch.matmul.
 """
 
 from __future__ import annotations
@@ -158,6 +159,39 @@ def bench_ms(fn) -> float:
     return cpu_ms(fn) if ARGS.cpu_smoke else gpu_ms(fn)
 
 
+def captured(fn) -> "torch.cuda.CUDAGraph":
+    """fn recorded into a CUDA graph, after a warm-up on a side stream (torch's recipe)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def measure_in_graphs(a, b, ref, hw) -> dict:
+    """For a triton_in_graphs bucket: matmul and torch.matmul captured into CUDA graphs (where
+    matmul runs its Triton kernel), checked, then replays timed against each other."""
+    M, N = a.shape[0], b.shape[1]
+    outs = {name: torch.full((M, N), float("nan"), device=a.device, dtype=a.dtype) for name in ("matmul", "torch")}
+    graphs = {
+        "matmul": captured(lambda: mm.matmul(a, b, out=outs["matmul"], hw=hw)),
+        "torch": captured(lambda: torch.matmul(a, b, out=outs["torch"])),
+    }
+    errors = {}
+    for name, graph in graphs.items():
+        outs[name].fill_(float("nan"))
+        graph.replay()
+        sync()
+        errors[name] = rel_err(outs[name], ref)
+    timed = interleaved({name: graph.replay for name, graph in graphs.items()}, ARGS.rounds, "torch", bench_ms)
+    return {"rel_err": errors, "ms": {k: t["ms"] for k, t in timed.items()}, "ratio": timed["matmul"]["ratio"]}
+
+
 def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
     rows = []
     for M, N, K in shapes:
@@ -180,7 +214,7 @@ def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
         row = {
             "shape": [M, N, K],
             "bucket": bucket.name,
-            "backend": "library" if bucket.library else "triton",
+            "backend": "library" if bucket.library else ("triton in graphs" if bucket.eager_library else "triton"),
             "kernel": bucket.triton.name,
             "rel_err": errors,
             "ms": {k: t["ms"] for k, t in timed.items()},
@@ -195,6 +229,14 @@ def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
             f"err {max(errors.values()):.1e}",
             flush=True,
         )
+        if bucket.eager_library and DEVICE == "cuda":  # the interpreter has no CUDA graphs
+            row["in_graphs"] = g = measure_in_graphs(a, b, ref, hw)
+            print(
+                f"{M}x{N}x{K:<6} in CUDA graphs: matmul (Triton) {g['ratio']:.3f}x torch.matmul "
+                f"({g['ms']['matmul'] * 1e3:.1f} vs {g['ms']['torch'] * 1e3:.1f} us) | "
+                f"err {max(g['rel_err'].values()):.1e}",
+                flush=True,
+            )
     return rows
 
 
@@ -328,7 +370,8 @@ def main() -> None:
     rows = measure_shapes(SMOKE_SHAPES if ARGS.cpu_smoke else SHAPES, hw, autotune_run)
     overhead = host_overhead(hw, 1, 4096, 4096)
     print("host us/call at (1, 4096, 4096): " + ", ".join(f"{k} {v:.1f}" for k, v in overhead.items()), flush=True)
-    # A decode shape the h200 policy sends to Triton: does its GPU-time win survive an eager loop?
+    # A decode shape whose Triton kernel wins on GPU time (the h200 policy runs it only in CUDA
+    # graphs): per-call time of an eager loop, dispatched and forced.
     decode_loop = host_overhead(hw, 16, 11008, 2048)
     print(
         "eager loop us/call at (16, 11008, 2048): " + ", ".join(f"{k} {v:.1f}" for k, v in decode_loop.items()),
@@ -367,6 +410,9 @@ def main() -> None:
         f"matmul_triton {summary['geomean_triton']:.3f}x, autotune {summary['geomean_autotune']:.3f}x; "
         f"host overhead at M=1: {summary['host_overhead_ratio']:.2f}x torch.matmul"
     )
+    for r in rows:
+        if "in_graphs" in r:
+            print(f"in CUDA graphs, {tuple(r['shape'])}: matmul (Triton) {r['in_graphs']['ratio']:.3f}x torch.matmul")
 
 
 if __name__ == "__main__":

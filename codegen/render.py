@@ -395,6 +395,7 @@ def matmul_context(resolution: Resolution) -> dict[str, Any]:
                         "index": i,
                         "name": b.name,
                         "library": rec["backend"] == "library",
+                        "eager_library": rec["backend"] == "triton_in_graphs",
                         "kernel": kname,
                         "condition": " and ".join(bounds),
                         "bounds": ", ".join(bounds) or "any shape",

@@ -80,25 +80,26 @@ def test_every_target_and_dtype_has_a_policy_whose_buckets_all_run():
     assert seen == {n for n in mm.VARIANTS if not n.endswith("_ptr")}
 
 
-# Bucket choices of the H200 policy (specs/kernels/matmul.toml, nvidia>=90), as data.
+# Bucket choices of the H200 policy (specs/kernels/matmul.toml, nvidia>=90), as data:
+# (shape, bucket, library for every call, library for eager calls only).
 H200_BUCKETS = [
-    ((1, 4096, 4096), "gemv", True),
-    ((16, 11008, 2048), "decode_wide", False),
-    ((8, 4096, 4096), "decode", False),
-    ((128, 4096, 4096), "small", True),
-    ((5120, 512, 2048), "narrow", True),
-    ((8192, 8192, 8192), "huge", False),
-    ((5120, 11008, 2048), "wide", True),
-    ((5120, 2048, 11008), "large", True),
-    ((5120, 2048, 2048), "large", True),
+    ((1, 4096, 4096), "gemv", True, False),
+    ((16, 11008, 2048), "decode_wide", False, True),
+    ((8, 4096, 4096), "decode", False, True),
+    ((128, 4096, 4096), "small", True, False),
+    ((5120, 512, 2048), "narrow", True, False),
+    ((8192, 8192, 8192), "huge", False, False),
+    ((5120, 11008, 2048), "wide", True, False),
+    ((5120, 2048, 11008), "large", True, False),
+    ((5120, 2048, 2048), "large", True, False),
 ]
 
 
-@pytest.mark.parametrize("shape, bucket, library", H200_BUCKETS)
-def test_h200_bucket_selection(shape, bucket, library):
+@pytest.mark.parametrize("shape, bucket, library, eager_library", H200_BUCKETS)
+def test_h200_bucket_selection(shape, bucket, library, eager_library):
     for hw in ("h200", "h100", HARDWARE["h200"]):
         chosen = mm.select(*shape, dtype=torch.bfloat16, hw=hw)
-        assert (chosen.name, chosen.library) == (bucket, library)
+        assert (chosen.name, chosen.library, chosen.eager_library) == (bucket, library, eager_library)
 
 
 @pytest.mark.parametrize(
@@ -139,9 +140,40 @@ def test_library_bucket_calls_torch_matmul_and_triton_bucket_does_not(monkeypatc
     mm.matmul(a, b, hw="h200")  # "small" bucket: library
     assert calls == [1]
     mm.matmul_triton(a, b, hw="h200")  # forced Triton
-    a, b = operands(8, 96, 64, torch.float16)
-    mm.matmul(a, b, hw="h200")  # "decode" bucket: Triton
+    a, b = operands(40, 96, 64, torch.float16)
+    assert not mm.select(40, 96, 64, dtype=torch.float16, hw="bi_v100").eager_library
+    mm.matmul(a, b, hw="bi_v100")  # "any" bucket: Triton for every call
     assert calls == [1]
+
+
+def test_decode_buckets_run_triton_only_in_graph_capture(monkeypatch):
+    """A triton_in_graphs bucket: torch.matmul for an eager call, the Triton kernel for a call
+    being captured into a CUDA graph (faked here: the interpreter has no graphs), either way
+    the right product; matmul_triton always runs the kernel."""
+    calls, launches = [], []
+    real_matmul, real_launch = torch.matmul, mm.Variant.launch
+    monkeypatch.setattr(torch, "matmul", lambda *a, **k: calls.append(1) or real_matmul(*a, **k))
+    monkeypatch.setattr(mm.Variant, "launch", lambda self, *a: launches.append(self.name) or real_launch(self, *a))
+    capturing = [False]
+    monkeypatch.setattr(mm, "_capturing", lambda a: capturing[0])
+    for M, N, K in [(8, 96, 64), (16, 8200, 40)]:  # "decode", "decode_wide"
+        bucket = mm.select(M, N, K, dtype=torch.float16, hw="h200")
+        assert bucket.eager_library and not bucket.library
+        run = lambda a, b, out: mm.matmul(a, b, out=out, hw="h200")  # noqa: E731
+        calls.clear(), launches.clear()
+        check(run, M, N, K, torch.float16)
+        assert (calls, launches) == ([1], [])
+        capturing[0] = True
+        check(run, M, N, K, torch.float16)
+        assert (calls, launches) == ([1], [bucket.triton.name])
+        capturing[0] = False
+        check(lambda a, b, out: mm.matmul_triton(a, b, out=out, hw="h200"), M, N, K, torch.float16)
+        assert (calls, launches) == ([1], [bucket.triton.name] * 2)
+
+
+def test_capture_check_is_cuda_only():
+    a = torch.randn(2, 2)
+    assert mm._capturing(a) is False  # a CPU tensor is never captured; no CUDA call is made
 
 
 def test_views_are_used_as_they_are(monkeypatch):
