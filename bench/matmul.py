@@ -160,7 +160,9 @@ def bench_ms(fn) -> float:
 
 
 def captured(fn) -> "torch.cuda.CUDAGraph":
-    """fn recorded into a CUDA graph, after a warm-up on a side stream (torch's recipe)."""
+    """fn recorded into a CUDA graph, after torch's warm-up on a side stream.  For a
+    triton_in_graphs bucket that warm-up runs cuBLAS (an eager call); the Triton kernel is already
+    compiled by then (column (b)), and its graph buffers are made during the capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -8,7 +8,8 @@
 
 A candidate runs one of the kernel bodies that generated/matmul.py specializes (``_grouped``,
 ``_small_m``, ``_tma_persistent``) with its constants given at launch, so a winner goes into
-specs/kernels/matmul.toml as it is.  Candidate syntax, fields after the kind in any order:
+specs/kernels/matmul.toml as it is, with one difference: a candidate's ``skK`` always splits K
+ways, while a policy's ``split_k`` is a ceiling that a launch lowers where its tiles fill the SMs.  Candidate syntax, fields after the kind in any order:
 
     grp:BMxBNxBK:wWsS[:skK][:gG]              grouped pointer kernel, split-K K, GROUP_M G
     sm:BMxBNxBK:wWsS[:skK]                    small_m (decode) kernel

@@ -83,9 +83,9 @@ def test_every_target_and_dtype_has_a_policy_whose_buckets_all_run():
 # Bucket choices of the H200 policy (specs/kernels/matmul.toml, nvidia>=90), as data:
 # (shape, bucket, library for every call, library for eager calls only).
 H200_BUCKETS = [
-    ((1, 4096, 4096), "gemv", True, False),
+    ((1, 4096, 4096), "decode", True, False),
     ((16, 11008, 2048), "decode_wide", False, True),
-    ((8, 4096, 4096), "decode", False, True),
+    ((8, 4096, 4096), "decode", True, False),
     ((128, 4096, 4096), "small", True, False),
     ((5120, 512, 2048), "narrow", True, False),
     ((8192, 8192, 8192), "huge", False, False),
@@ -156,10 +156,10 @@ def test_decode_buckets_run_triton_only_in_graph_capture(monkeypatch):
     monkeypatch.setattr(mm.Variant, "launch", lambda self, *a: launches.append(self.name) or real_launch(self, *a))
     capturing = [False]
     monkeypatch.setattr(mm, "_capturing", lambda a: capturing[0])
-    for M, N, K in [(8, 96, 64), (16, 8200, 40)]:  # "decode", "decode_wide"
-        bucket = mm.select(M, N, K, dtype=torch.float16, hw="h200")
+    for hw, (M, N, K) in [("h200", (16, 8200, 40)), ("a100", (8, 96, 64))]:  # decode_wide; Ampere's decode
+        bucket = mm.select(M, N, K, dtype=torch.float16, hw=hw)
         assert bucket.eager_library and not bucket.library
-        run = lambda a, b, out: mm.matmul(a, b, out=out, hw="h200")  # noqa: E731
+        run = lambda a, b, out: mm.matmul(a, b, out=out, hw=hw)  # noqa: E731
         calls.clear(), launches.clear()
         check(run, M, N, K, torch.float16)
         assert (calls, launches) == ([1], [])
@@ -167,8 +167,54 @@ def test_decode_buckets_run_triton_only_in_graph_capture(monkeypatch):
         check(run, M, N, K, torch.float16)
         assert (calls, launches) == ([1], [bucket.triton.name])
         capturing[0] = False
-        check(lambda a, b, out: mm.matmul_triton(a, b, out=out, hw="h200"), M, N, K, torch.float16)
+        check(lambda a, b, out: mm.matmul_triton(a, b, out=out, hw=hw), M, N, K, torch.float16)
         assert (calls, launches) == ([1], [bucket.triton.name] * 2)
+
+
+def test_captured_split_k_launches_reset_their_counters(monkeypatch):
+    """Split-K counters made during CUDA graph capture hold whatever the pool held (their
+    zero-fill runs only on replay), and graphs sharing a pool overwrite each other's freed
+    memory: a captured launch must reset its counters itself.  On a GPU: real graphs in one
+    shared pool, replayed out of capture order between replays of a graph that scribbles on
+    the pool.  Without a GPU: capture faked, counters filled with garbage before the call."""
+    M, N, K = 8, 4096, 4096  # the h200 decode bucket's kernel: split-K 2
+    assert mm.select(M, N, K, dtype=torch.float16, hw="h200").triton.split_k > 1
+    if not GPU:
+        monkeypatch.setattr(mm, "_capturing", lambda a: True)
+        monkeypatch.setattr(mm, "_WORKSPACES", {})
+        N, K = 96, 64  # the interpreter is slow; 2 tiles, 2 splits
+        run = lambda a, b, out: mm.matmul_triton(a, b, out=out, hw="h200")  # noqa: E731
+        check(run, M, N, K, torch.float16)
+        (cnt,) = [t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_counters (graphs)"]
+        cnt.fill_(7)
+        check(run, M, N, K, torch.float16)
+        assert all(k[2].endswith("(graphs)") for k in mm._WORKSPACES)  # eager buffers untouched
+        return
+    cases = []
+    for m in (M, 4):
+        a, b = operands(m, N, K, torch.float16)
+        mm.matmul_triton(a, b, hw="h200")  # compile outside capture
+        cases.append((a, b, (a.double() @ b.double()), torch.empty(m, N, dtype=torch.float16, device=DEVICE)))
+    torch.cuda.synchronize()
+    scribbler = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(scribbler):
+        junk = torch.full((1 << 22,), 7.0, device=DEVICE)  # freed after capture: the pool reuses it
+        junk.mul_(2)
+        del junk
+    graphs = []
+    for a, b, ref, out in cases:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=scribbler.pool()):
+            mm.matmul_triton(a, b, out=out, hw="h200")
+        graphs.append(g)
+    for i in (1, 0, 1, 0, 0, 1):
+        scribbler.replay()
+        a, b, ref, out = cases[i]
+        out.fill_(float("nan"))
+        graphs[i].replay()
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < TOL[torch.float16]
 
 
 def test_capture_check_is_cuda_only():
@@ -221,13 +267,17 @@ def test_descriptor_scratch_is_a_per_stream_workspace(monkeypatch):
     Wiring only: the TMA launch path itself runs on the GPU (tests above, bench/)."""
     calls = []
     monkeypatch.setattr(mm.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(mm.torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(mm, "_workspace", lambda *args: calls.append(args) or f"buffer {len(calls)}")
     assert mm._descriptor_scratch(300, 128, 7) == "buffer 1"
     assert mm._descriptor_scratch(1 << 20, 128, 9) == "buffer 2"
+    monkeypatch.setattr(mm.torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert mm._descriptor_scratch(300, 128, 7) == "buffer 3"
     cuda0 = torch.device("cuda", 0)
     assert calls == [
         (cuda0, 7, "tma_descriptors", 1 << 16, torch.int8),
         (cuda0, 9, "tma_descriptors", 1 << 20, torch.int8),
+        (cuda0, 7, "tma_descriptors (graphs)", 1 << 16, torch.int8),  # capture: the graph's own
     ]
 
 
