@@ -292,7 +292,8 @@ def test_split_k_only_fills_one_wave(name):
     assert v.num_programs > 0
     assert mm._splits(v, 1) == v.split_k
     assert mm._splits(v, v.num_programs // v.split_k) == v.split_k
-    assert mm._splits(v, v.num_programs // v.split_k + 1) == max(1, v.num_programs // (v.num_programs // v.split_k + 1))
+    if (v.num_programs, v.split_k) == (132, 2):  # the H100/H200 SM count: by hand
+        assert [mm._splits(v, t) for t in (1, 64, 66, 67, 131, 132, 500)] == [2, 2, 2, 1, 1, 1, 1]
     assert mm._splits(v, v.num_programs) == 1
     assert mm._splits(v, 10 * v.num_programs) == 1
     dtype = dtype_of(name)
