@@ -301,30 +301,6 @@ def dispatch_context(resolution: Resolution) -> dict[str, Any]:
     }
 
 
-def launch_tables(resolution: Resolution, configs: tuple[str, ...]) -> dict[str, Any]:
-    """Context for a kernel module whose launch records live in dispatch.py.
-
-    ``tables``: per variant (kernel), its instantiations (symbol, the targets
-    sharing it, where it came from) and the target -> symbol table.
-    """
-    tree = resolution.tree
-    tables = []
-    symbols: list[str] = []
-    for name in configs:
-        for vr in resolution.for_config(name):
-            insts = [
-                {
-                    "symbol": symbol(vr.variant, inst),
-                    "targets": target_list(tree, inst.targets),
-                    "origin": policy_origin(vr, inst),
-                }
-                for inst in vr.instantiations
-            ]
-            symbols += [i["symbol"] for i in insts]
-            tables.append({"kernel": vr.variant, "instantiations": insts, "table": target_table(vr)})
-    return {"tables": tables, "symbols": sorted(symbols)}
-
-
 # ---------------------------------------------------------------------------
 # generated/matmul.py
 
@@ -436,14 +412,9 @@ CACHE_CONFIGS = ("cache_launch",)
 MODULES: tuple[Module, ...] = (
     Module("__init__.py", "init.py.j2", lambda r: {"modules": MODULE_DOCS}, lambda r: r.tree.files),
     Module("dispatch.py", "dispatch.py.j2", dispatch_context, lambda r: spec_files(r, plain_configs(r))),
-    Module(
-        "transform.py",
-        "transform.py.j2",
-        lambda r: launch_tables(r, TRANSFORM_CONFIGS),
-        lambda r: spec_files(r, TRANSFORM_CONFIGS),
-    ),
-    Module(
-        "cache.py", "cache.py.j2", lambda r: launch_tables(r, CACHE_CONFIGS), lambda r: spec_files(r, CACHE_CONFIGS)
-    ),
+    # The kernel modules look their launch records up in dispatch.py; their header still names
+    # the specs those records come from.
+    Module("transform.py", "transform.py.j2", lambda r: {}, lambda r: spec_files(r, TRANSFORM_CONFIGS)),
+    Module("cache.py", "cache.py.j2", lambda r: {}, lambda r: spec_files(r, CACHE_CONFIGS)),
     Module("matmul.py", "matmul.py.j2", matmul_context, lambda r: spec_files(r, MATMUL_CONFIGS)),
 )

@@ -20,6 +20,7 @@ from bench.reference_ops import (  # noqa: E402
     swap_blocks_ref,
 )
 from generated.dispatch import dispatch_kernel_config  # noqa: E402
+from generated import dispatch  # noqa: E402
 from kernel_cases import (  # noqa: E402
     DEVICE,
     DTYPE_IDS,
@@ -45,9 +46,10 @@ def rnd(*shape, dtype=torch.float16):
 
 def test_launch_records_cover_every_target():
     for kernel in ("reshape_and_cache", "copy_blocks"):
-        assert sorted(C._LAUNCH[kernel]) == TARGETS
+        # The kernels look their records up here: one per target, of the resolver's record type.
+        assert sorted(dispatch._CONFIGS[kernel]) == TARGETS
         for t in TARGETS:
-            assert C._LAUNCH[kernel][t] == dispatch_kernel_config(kernel, t)
+            assert type(dispatch_kernel_config(kernel, t)).__name__ == "CacheLaunch"
 
 
 # ---------------------------------------------------------------------------------- reshape_and_cache
@@ -89,10 +91,10 @@ def test_reshape_and_cache(target, case, dtype):
 
 def test_reshape_and_cache_plan_follows_the_record():
     """Hand-computed: a tile is tile_bytes of loads (key and value), then shrunk to fill a wave."""
-    h200 = C._LAUNCH["reshape_and_cache"]["h200"]  # 4 KiB: 1024 bf16 of key + 1024 of value
+    h200 = dispatch_kernel_config("reshape_and_cache", "h200")  # 4 KiB: 1024 bf16 of key + 1024 of value
     p = C._plan_reshape_and_cache(16384, 1024, 128, 2, h200)
     assert (p.grid, p.consts, p.num_warps, p.info) == (16384, (128, 1, 1024), 4, 1)
-    bi = C._LAUNCH["reshape_and_cache"]["bi_v100"]  # 16 KiB: 4 tokens of 1024
+    bi = dispatch_kernel_config("reshape_and_cache", "bi_v100")  # 16 KiB: 4 tokens of 1024
     p = C._plan_reshape_and_cache(16384, 1024, 128, 2, bi)
     assert (p.grid, p.consts, p.num_warps, p.info) == (4096, (128, 4, 1024), 8, 1)
     # 16 tokens: halved while the grid is short of a wave, down to one vector a thread.
@@ -205,10 +207,10 @@ def test_copy_blocks_new_caches_same_shape():
 
 
 def test_copy_blocks_plan_follows_the_record():
-    h200 = C._LAUNCH["copy_blocks"]["h200"]  # 4 KiB chunks: 2048 bf16
+    h200 = dispatch_kernel_config("copy_blocks", "h200")  # 4 KiB chunks: 2048 bf16
     p = C._plan_copy_blocks(1024, 64, 16 * 8 * 128, 8, 2, h200)
     assert (p.grid, p.consts, p.num_warps, p.info) == (1024 * 64 * 8, (8, 2048), 8, 8)
-    bi = C._LAUNCH["copy_blocks"]["bi_v100"]  # 16 KiB: one chunk of 8192 a 16 KiB block
+    bi = dispatch_kernel_config("copy_blocks", "bi_v100")  # 16 KiB: one chunk of 8192 a 16 KiB block
     p = C._plan_copy_blocks(4, 64, 16 * 4 * 128, 1, 2, bi)
     assert (p.grid, p.consts, p.info) == (256, (1, 8192), 1)
     # One pair, two caches: halved to fill a wave, but never below one vector a thread.

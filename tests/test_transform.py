@@ -20,6 +20,7 @@ from bench.reference_ops import (  # noqa: E402
     silu_and_mul_ref,
 )
 from generated.dispatch import HARDWARE, dispatch_kernel_config  # noqa: E402
+from generated import dispatch  # noqa: E402
 from kernel_cases import (  # noqa: E402
     BROAD,
     DEVICE,
@@ -73,9 +74,10 @@ def poisoned(monkeypatch):
 
 def test_launch_records_cover_every_target():
     for kernel in ("rms_norm", "silu_and_mul", "rotary_embedding"):
-        assert sorted(T._LAUNCH[kernel]) == TARGETS
+        # The kernels look their records up here: one per target, of the resolver's record type.
+        assert sorted(dispatch._CONFIGS[kernel]) == TARGETS
         for t in TARGETS:
-            assert T._LAUNCH[kernel][t] == dispatch_kernel_config(kernel, t)
+            assert type(dispatch_kernel_config(kernel, t)).__name__ == "TransformLaunch"
 
 
 # ---------------------------------------------------------------------------------- rms_norm
@@ -129,7 +131,7 @@ def test_rms_norm_two_pass_on_strided_rows(dtype, n):
     x = rnd(3, n + 96, dtype=dtype)[:, 32 : 32 + n]
     r = rnd(3, n + 8, dtype=dtype)[:, :n]
     w = rnd(n, dtype=dtype)
-    plan = T._plan_rms_norm(3, n, x.element_size(), True, T._LAUNCH["rms_norm"]["h200"])
+    plan = T._plan_rms_norm(3, n, x.element_size(), True, dispatch_kernel_config("rms_norm", "h200"))
     assert plan.kernel is T._rms_norm_loop_kernel and plan.consts[4] == (n if n <= 16384 else 0)
     out, z = T.rms_norm(x, w, 1e-6, residual=r, hw="h200")
     ref_out, ref_z = fused_add_rms_norm_ref(x, r, w, 1e-6)
@@ -161,7 +163,7 @@ def test_rms_norm_reuses_plan_with_new_data():
 
 def test_rms_norm_plan_follows_the_record():
     """Hand-computed plans for the H200 record (tile 8 KiB, 8 warps, 1056 programs a wave)."""
-    cfg = T._LAUNCH["rms_norm"]["h200"]
+    cfg = dispatch_kernel_config("rms_norm", "h200")
     assert (cfg.tile_bytes, cfg.num_warps, cfg.min_programs) == (8192, 8, 1056)
     # bf16 4096: an 8 KiB row fills the tile: the two-pass kernel, one 4096-element chunk,
     # 8 warps so that each thread moves two 16-byte vectors; the row length is compiled in.
@@ -172,16 +174,16 @@ def test_rms_norm_plan_follows_the_record():
     p = T._plan_rms_norm(16384, 8192, 2, False, cfg)
     assert (p.kernel, p.grid, p.consts, p.num_warps) == (two_pass, 16384, (False, 1, 4096, False, 8192), 16)
     # BI-V100's 16 KiB tiles: a bf16 8192 row is one chunk.
-    p = T._plan_rms_norm(64, 8192, 2, False, T._LAUNCH["rms_norm"]["bi_v100"])
+    p = T._plan_rms_norm(64, 8192, 2, False, dispatch_kernel_config("rms_norm", "bi_v100"))
     assert (p.kernel, p.consts, p.num_warps) == (two_pass, (False, 1, 8192, False, 8192), 16)
     # Rows shorter than a tile stay in registers, packed; the weight is loaded early once a
     # thread holds >= 32 elements (BI-V100: 4 rows of 2048 = 8192 elements over 256 threads).
-    p = T._plan_rms_norm(4096, 2048, 2, False, T._LAUNCH["rms_norm"]["bi_v100"])
+    p = T._plan_rms_norm(4096, 2048, 2, False, dispatch_kernel_config("rms_norm", "bi_v100"))
     assert (p.kernel, p.grid, p.consts, p.num_warps) == (T._rms_norm_kernel, 1024, (False, 4, 2048, True), 8)
     # small rows pack 8 KiB per program, then shrink until the grid fills a wave.
     p = T._plan_rms_norm(64, 512, 2, False, cfg)
     assert p.consts[1] == 1 and p.grid == 64
-    bi = T._LAUNCH["rms_norm"]["bi_v100"]  # 16 KiB tiles, 64 programs a wave
+    bi = dispatch_kernel_config("rms_norm", "bi_v100")  # 16 KiB tiles, 64 programs a wave
     p = T._plan_rms_norm(4096, 512, 2, False, bi)
     assert p.consts[1] == 16 and p.grid == 256
     # fp32 16384: 2048-element (8 KiB) chunks; 16 warps give each thread one vector a chunk.
@@ -258,10 +260,10 @@ def test_silu_and_mul_strided_rows():
 
 def test_silu_and_mul_plan_follows_the_record():
     """Hand-computed: a tile is tile_bytes of loads (two per output element)."""
-    h200 = T._LAUNCH["silu_and_mul"]["h200"]  # 4 KiB tiles -> 1024 fp16 outputs
+    h200 = dispatch_kernel_config("silu_and_mul", "h200")  # 4 KiB tiles -> 1024 fp16 outputs
     p = T._plan_silu_and_mul(16, 4096, 2, h200)
     assert (p.grid, p.consts, p.num_warps, p.info) == (64, (1, 1024), 4, 4)
-    bi = T._LAUNCH["silu_and_mul"]["bi_v100"]  # 16 KiB tiles, halved once to fill 64 programs
+    bi = dispatch_kernel_config("silu_and_mul", "bi_v100")  # 16 KiB tiles, halved once to fill 64 programs
     p = T._plan_silu_and_mul(16, 4096, 2, bi)
     assert (p.grid, p.consts, p.num_warps, p.info) == (32, (1, 2048), 8, 2)
 
@@ -330,7 +332,7 @@ def test_rotary_embedding(target, case, dtype):
 
 def test_rotary_plan_follows_the_record():
     """Hand-computed: heads packed until a program loads tile_bytes, halved to fill a wave."""
-    h200 = T._LAUNCH["rotary_embedding"]["h200"]  # 4 KiB: 16 heads of 128 bf16
+    h200 = dispatch_kernel_config("rotary_embedding", "h200")  # 4 KiB: 16 heads of 128 bf16
     p = T._plan_rotary_embedding(16384, 32, 8, 128, 128, True, 2, h200)
     assert (p.grid, p.consts, p.info) == (16384 * 3, (128, 64, 64, 16, True), (2, 3))
     # One token: the tile cannot shrink below one 16-byte vector a thread (2048 elements).
@@ -340,7 +342,7 @@ def test_rotary_plan_follows_the_record():
     # 16 x 32-element halves need 2 warps for one 16-byte vector a thread.
     p = T._plan_rotary_embedding(16384, 32, 8, 64, 128, True, 2, h200)
     assert (p.grid, p.consts, p.info, p.num_warps) == (16384 * 3, (128, 32, 32, 16, True), (2, 3), 2)
-    bi = T._LAUNCH["rotary_embedding"]["bi_v100"]  # 16 KiB: 64 heads, 32 q + 8 k -> 2 programs
+    bi = dispatch_kernel_config("rotary_embedding", "bi_v100")  # 16 KiB: 64 heads, 32 q + 8 k -> 2 programs
     p = T._plan_rotary_embedding(1, 32, 8, 128, 128, False, 2, bi)
     assert (p.grid, p.consts, p.info) == (2, (128, 64, 64, 32, False), (1, 2))
 
