@@ -8,13 +8,16 @@
 
 A candidate runs one of the kernel bodies that generated/matmul.py specializes (``_grouped``,
 ``_small_m``, ``_tma_persistent``) with its constants given at launch, so a winner goes into
-specs/kernels/matmul.toml as it is, with one difference: a candidate's ``skK`` always splits K
-ways, while a policy's ``split_k`` is a ceiling that a launch lowers where its tiles fill the SMs.  Candidate syntax, fields after the kind in any order:
+specs/kernels/matmul.toml as it is, with one difference: a grp or sm candidate's ``skK`` always
+splits K ways, while a policy's ``split_k`` is a ceiling that a launch lowers where its tiles fill
+the SMs (a tma candidate's ``skK`` is that same ceiling, on the tiles of its last partial wave).
+Candidate syntax, fields after the kind in any order:
 
     grp:BMxBNxBK:wWsS[:skK][:gG]              grouped pointer kernel, split-K K, GROUP_M G
     sm:BMxBNxBK:wWsS[:skK]                    small_m (decode) kernel
-    tma:BMxBNxBK:wWsS[:pP|:pSM][:fl][:epi2][:gG]   persistent TMA kernel, P programs (SM: the
-                                              part's SM count), flattened loop, split epilogue
+    tma:BMxBNxBK:wWsS[:pP|:pSM][:fl][:epi2][:gG][:skK]   persistent TMA kernel, P programs (SM:
+                                              the part's SM count), flattened loop, split
+                                              epilogue, last partial wave split up to K ways
 
 Per shape: each candidate's output (NaN-poisoned) is checked twice against a float32 reference
 (relative error < 1e-2), then cuBLAS, the target policy's own Triton kernel for the shape
@@ -33,6 +36,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -95,6 +99,7 @@ CANDIDATES = {
     (5120, 2048, 2048): [
         "tma:128x128x64:w8s5:pSM:fl:g16",
         "tma:128x256x64:w8s4:pSM:fl:epi2:g16",
+        "tma:128x256x64:w8s4:pSM:fl:epi2:g16:sk4",
         "tma:128x128x64:w4s3:p264:epi2",
         "grp:128x128x64:w8s4",
         "grp:128x256x64:w8s3",
@@ -106,6 +111,7 @@ SMOKE_CANDIDATES = [
     "grp:32x64x32:w4s2:sk2:g4",
     "sm:16x32x64:w4s2:sk2",
     "tma:32x32x32:w4s2:pSM:fl:epi2",
+    "tma:32x32x32:w4s2:p4:sk4:g2",  # 6 tiles of (33, 72): a wave of 4, the last 2 split 2 ways
 ]
 
 
@@ -149,11 +155,17 @@ def launcher(c: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
         if any(mm._tma_layout(t) != (False, t.stride(0)) for t in (a, b, out)):
             raise ValueError("operands TMA cannot describe (row strides must be multiples of 16 bytes)")
         tiles = triton.cdiv(M, c["BM"]) * triton.cdiv(N, c["BN"])
-        grid = (min(c["P"], tiles),)
+        # The generated launcher's own split rule, on a record with this candidate's constants.
+        rule = SimpleNamespace(kind="tma_persistent", split_k=c["SK"], num_programs=c["P"])
+        splits, last = mm._splits(rule, tiles), mm._split_tiles(rule, tiles)
+        ws = torch.zeros(max(last * splits * c["BM"] * c["BN"], 1), dtype=torch.float32, device=a.device)
+        cnt = torch.zeros(max(last, 1), dtype=torch.int32, device=a.device)
+        grid = (min(c["P"], tiles * splits),)
         return lambda: mm._tma_persistent[grid](
-            a, b, out, M, N, K, a.stride(0), b.stride(0), out.stride(0), A_TRANS=False, B_TRANS=False,
-            BLOCK_M=c["BM"], BLOCK_N=c["BN"], BLOCK_K=c["BK"], GROUP_M=c["G"], NUM_PROGS=c["P"],
-            EPILOGUE_SUBTILE=c["EPI"], FLATTEN=c["FL"], DOT_PREC=prec, num_warps=c["W"], num_stages=c["S"],
+            a, b, out, ws, cnt, M, N, K, splits, a.stride(0), b.stride(0), out.stride(0), A_TRANS=False,
+            B_TRANS=False, BLOCK_M=c["BM"], BLOCK_N=c["BN"], BLOCK_K=c["BK"], GROUP_M=c["G"],
+            SPLIT_K=c["SK"], NUM_PROGS=c["P"], EPILOGUE_SUBTILE=c["EPI"], FLATTEN=c["FL"], DOT_PREC=prec,
+            num_warps=c["W"], num_stages=c["S"],
         )  # fmt: skip
     gm, gn = triton.cdiv(M, c["BM"]), triton.cdiv(N, c["BN"])
     ws, cnt = out, out  # unused without split-K

@@ -322,6 +322,25 @@ _KERNEL_FIELDS = (
 _DIM = {"m": "M", "n": "N", "k": "K"}
 
 
+def kernel_summary(c: dict[str, Any]) -> str:
+    """One line for the comment above a specialized kernel: its structure and constants."""
+    parts = [
+        f"{c['kernel']} {c['block_m']}x{c['block_n']}x{c['block_k']}",
+        f"{c['num_warps']} warps",
+        f"{c['num_stages']} stage{'s' if c['num_stages'] > 1 else ''}",
+    ]
+    if c["split_k"] > 1:
+        if c["kernel"] == "tma_persistent":
+            parts.append(f"the last partial wave of {c['num_programs']} split in K up to {c['split_k']} ways")
+        else:
+            parts.append(f"split-K up to {c['split_k']} within a {c['num_programs']}-program wave")
+    if c["flatten"]:
+        parts.append("flattened")
+    if c["epilogue_subtile"] > 1:
+        parts.append("split epilogue")
+    return ", ".join(parts) + "."
+
+
 def matmul_context(resolution: Resolution) -> dict[str, Any]:
     """Kernels (one per distinct bucket config, named after its first user), buckets, selectors.
 
@@ -342,13 +361,21 @@ def matmul_context(resolution: Resolution) -> dict[str, Any]:
                 "kind": consts["kernel"],
                 "c": consts,
                 "dot_prec": "ieee" if dtype_bytes == 4 else "tf32",
+                "summary": kernel_summary(consts),
                 "users": [],
                 "fallback": None,
             }
-            if consts["kernel"] == "tma_persistent":
-                fb = dict(consts, kernel="grouped", flatten=False, epilogue_subtile=1, num_programs=0)
-                entry["fallback"] = kernel_for(variant, dtype_bytes, fb, f"{name}_ptr", f"{user} (non-TMA operands)")
         entry["users"].append(user)
+        if consts["kernel"] == "tma_persistent":
+            # A split-K fallback splits its one wave of tiles as far as the grouped kernel does.
+            fb = dict(
+                consts,
+                kernel="grouped",
+                flatten=False,
+                epilogue_subtile=1,
+                num_programs=consts["num_programs"] if consts["split_k"] > 1 else 0,
+            )
+            entry["fallback"] = kernel_for(variant, dtype_bytes, fb, f"{entry['name']}_ptr", f"{user} (non-TMA operands)")
         return entry["name"]
 
     policies = []

@@ -90,7 +90,9 @@ H200_BUCKETS = [
     ((5120, 512, 2048), "narrow", True, False),
     ((8192, 8192, 8192), "huge", False, False),
     ((5120, 11008, 2048), "wide", True, False),
-    ((5120, 2048, 11008), "large", True, False),
+    ((5120, 2048, 11008), "deep", True, False),
+    ((5120, 2048, 8192), "deep", True, False),
+    ((5120, 2048, 8191), "large", True, False),
     ((5120, 2048, 2048), "large", True, False),
 ]
 
@@ -171,30 +173,41 @@ def test_decode_buckets_run_triton_only_in_graph_capture(monkeypatch):
         assert (calls, launches) == ([1], [bucket.triton.name] * 2)
 
 
-def test_captured_split_k_launches_reset_their_counters(monkeypatch):
+# Split-K buckets of the H200 policy: (bucket, GPU shapes, a shape small enough for the interpreter,
+# run through the bucket's kernel).
+CAPTURED_SPLITS = [
+    ("decode", [(8, 4096, 4096), (4, 4096, 4096)], (8, 96, 64)),  # small_m: every tile split
+    ("deep", [(5120, 2048, 11008), (4480, 2048, 9000)], (300, 1032, 128)),  # TMA: the last wave
+]
+
+
+@pytest.mark.parametrize("bucket, shapes, cpu_shape", CAPTURED_SPLITS)
+def test_captured_split_k_launches_reset_their_counters(bucket, shapes, cpu_shape, monkeypatch):
     """Split-K counters made during CUDA graph capture hold whatever the pool held (their
     zero-fill runs only on replay), and graphs sharing a pool overwrite each other's freed
     memory: a captured launch must reset its counters itself.  On a GPU: real graphs in one
     shared pool, replayed out of capture order between replays of a graph that scribbles on
     the pool.  Without a GPU: capture faked, counters filled with garbage before the call."""
-    M, N, K = 8, 4096, 4096  # the h200 decode bucket's kernel: split-K 2
-    assert mm.select(M, N, K, dtype=torch.float16, hw="h200").triton.split_k > 1
+    (v,) = {mm.select(*shape, dtype=torch.float16, hw="h200").triton for shape in shapes}
+    for M, N, K in shapes + [cpu_shape]:
+        tiles = triton_cdiv(M, v.block_m) * triton_cdiv(N, v.block_n)
+        assert mm._splits(v, tiles) > 1
+    assert {mm.select(*shape, hw="h200").name for shape in shapes} == {bucket}
     if not GPU:
         monkeypatch.setattr(mm, "_capturing", lambda a: True)
         monkeypatch.setattr(mm, "_WORKSPACES", {})
-        N, K = 96, 64  # the interpreter is slow; 2 tiles, 2 splits
-        run = lambda a, b, out: mm.matmul_triton(a, b, out=out, hw="h200")  # noqa: E731
-        check(run, M, N, K, torch.float16)
+        run = lambda a, b, out: v.launch(a, b, out, *cpu_shape) or out  # noqa: E731
+        check(run, *cpu_shape, torch.float16)
         (cnt,) = [t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_counters (graphs)"]
         cnt.fill_(7)
-        check(run, M, N, K, torch.float16)
+        check(run, *cpu_shape, torch.float16)
         assert all(k[2].endswith("(graphs)") for k in mm._WORKSPACES)  # eager buffers untouched
         return
     cases = []
-    for m in (M, 4):
-        a, b = operands(m, N, K, torch.float16)
+    for M, N, K in shapes:
+        a, b = operands(M, N, K, torch.float16)
         mm.matmul_triton(a, b, hw="h200")  # compile outside capture
-        cases.append((a, b, (a.double() @ b.double()), torch.empty(m, N, dtype=torch.float16, device=DEVICE)))
+        cases.append((a, b, (a.double() @ b.double()), torch.empty(M, N, dtype=torch.float16, device=DEVICE)))
     torch.cuda.synchronize()
     scribbler = torch.cuda.CUDAGraph()
     with torch.cuda.graph(scribbler):
@@ -281,7 +294,8 @@ def test_descriptor_scratch_is_a_per_stream_workspace(monkeypatch):
     ]
 
 
-SPLIT_VARIANTS = sorted(n for n, v in mm.VARIANTS.items() if v.split_k > 1)
+SPLIT_VARIANTS = sorted(n for n, v in mm.VARIANTS.items() if v.split_k > 1 and v.kind != "tma_persistent")
+TMA_SPLIT_VARIANTS = sorted(n for n, v in mm.VARIANTS.items() if v.split_k > 1 and v.kind == "tma_persistent")
 
 
 @pytest.mark.parametrize("name", SPLIT_VARIANTS)
@@ -314,6 +328,42 @@ def test_split_k_only_fills_one_wave(name):
         # An unsplit launch sizes nothing for its tiles and writes no partials.
         assert (partials.numel() >= tiles * splits * v.block_m * v.block_n) == (splits > 1)
         assert bool(torch.count_nonzero(partials)) == (splits > 1)
+
+
+@pytest.mark.parametrize("name", TMA_SPLIT_VARIANTS)
+def test_tma_kernel_splits_only_its_last_partial_wave(name, monkeypatch):
+    """The persistent TMA kernel walks full waves of whole tiles and splits only the tiles of its
+    last, partial wave, as far as their splits fit one wave; a launch with both is exact,
+    deterministic, and leaves its counters reset."""
+    v = mm.VARIANTS[name]
+    P = v.num_programs
+    assert P > 0 and v.split_k > 1
+    if (P, v.split_k) == (132, 4):  # the H100/H200 SM count: by hand
+        # tiles -> (tiles in the last partial wave, splits): 1720 = 13 waves + 4 (5120x11008 in
+        # 128x256 tiles), 320 = 2 waves + 56 (5120x2048).
+        cases = [(1, 4), (33, 4), (34, 3), (44, 3), (45, 2), (66, 2), (67, 1), (131, 1), (132, 1)]
+        cases += [(133, 4), (166, 3), (264, 1), (320, 2), (1720, 4)]
+        assert [mm._splits(v, t) for t, _ in cases] == [s for _, s in cases]
+    assert mm._splits(v, P) == mm._splits(v, 7 * P) == 1  # only full waves: nothing split
+    assert mm._splits(v, P + 1) == mm._splits(v, 1) == v.split_k
+    # One full wave plus one tile, split split_k ways over K tiles that do not divide evenly.
+    dtype = dtype_of(name)
+    M, N, K = 100, P * v.block_n + 8, v.split_k * v.block_k + 8
+    assert triton_cdiv(M, v.block_m) * triton_cdiv(N, v.block_n) == P + 1
+    mm._WORKSPACES.clear()
+    monkeypatch.setattr(mm, "_launch_grouped", None)  # the TMA kernel itself, not its fallback
+
+    def run(a, b, out):
+        v.launch(a, b, out, M, N, K)
+        return out
+
+    first = check(run, M, N, K, dtype)
+    partials = next(t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_partials")
+    counters = next(t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_counters")
+    assert partials.numel() >= v.split_k * v.block_m * v.block_n
+    assert bool(torch.count_nonzero(partials[: v.split_k * v.block_m * v.block_n]))
+    assert not bool(torch.count_nonzero(counters))
+    assert torch.equal(check(run, M, N, K, dtype), first)
 
 
 def triton_cdiv(x, y):
