@@ -432,6 +432,7 @@ MODULE_DOCS = (
     ("transform", "RMSNorm, SiLU-and-mul and rotary-embedding Triton kernels with per-target launch policies"),
     ("cache", "KV-cache Triton kernels (reshape_and_cache, copy_blocks) and swap_blocks"),
     ("matmul", "shape-bucketed Triton matmul kernels per target, with the vendor library where it wins"),
+    ("_launch", "host-side launch plans and argument checks shared by transform and cache (internal)"),
 )
 TRANSFORM_CONFIGS = ("transform_launch",)
 CACHE_CONFIGS = ("cache_launch",)
@@ -441,6 +442,9 @@ MODULES: tuple[Module, ...] = (
     Module("dispatch.py", "dispatch.py.j2", dispatch_context, lambda r: spec_files(r, plain_configs(r))),
     # The kernel modules look their launch records up in dispatch.py; their header still names
     # the specs those records come from.
+    # Launch machinery of the two memory-bound modules: template only, no spec value in it; its
+    # header names the specs of the modules it serves.
+    Module("_launch.py", "launch.py.j2", lambda r: {}, lambda r: spec_files(r, TRANSFORM_CONFIGS + CACHE_CONFIGS)),
     Module("transform.py", "transform.py.j2", lambda r: {}, lambda r: spec_files(r, TRANSFORM_CONFIGS)),
     Module("cache.py", "cache.py.j2", lambda r: {}, lambda r: spec_files(r, CACHE_CONFIGS)),
     Module("matmul.py", "matmul.py.j2", matmul_context, lambda r: spec_files(r, MATMUL_CONFIGS)),

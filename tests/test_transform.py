@@ -20,6 +20,7 @@ from bench.reference_ops import (  # noqa: E402
     silu_and_mul_ref,
 )
 from generated.dispatch import HARDWARE, dispatch_kernel_config  # noqa: E402
+from generated import _launch as launch  # noqa: E402
 from generated import dispatch  # noqa: E402
 from kernel_cases import (  # noqa: E402
     BROAD,
@@ -229,7 +230,7 @@ def test_hw_argument():
 
 
 def test_cpu_tensor_rejected_when_compiled(monkeypatch):
-    monkeypatch.setattr(T, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "_INTERPRET", False)  # the check lives in the shared launch module
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         T.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6, hw="h200")
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
