@@ -288,10 +288,20 @@ def test_descriptor_scratch_is_a_per_stream_workspace(monkeypatch):
     assert mm._descriptor_scratch(300, 128, 7) == "buffer 3"
     cuda0 = torch.device("cuda", 0)
     assert calls == [
-        (cuda0, 7, "tma_descriptors", 1 << 16, torch.int8),
-        (cuda0, 9, "tma_descriptors", 1 << 20, torch.int8),
-        (cuda0, 7, "tma_descriptors (graphs)", 1 << 16, torch.int8),  # capture: the graph's own
+        (cuda0, 7, "tma_descriptors", 1 << 16, torch.int8, False),
+        (cuda0, 9, "tma_descriptors", 1 << 20, torch.int8, False),
+        (cuda0, 7, "tma_descriptors", 1 << 16, torch.int8, True),  # capture: the graph's own
     ]
+
+
+def test_captured_launches_get_workspaces_of_their_own():
+    """One set of per-stream buffers for eager launches and one for launches being captured."""
+    mm._WORKSPACES.clear()
+    eager = mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, False)
+    graphs = mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, True)
+    assert eager.data_ptr() != graphs.data_ptr()
+    assert sorted(k[2] for k in mm._WORKSPACES) == ["split_k_counters", "split_k_counters (graphs)"]
+    assert mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, True) is graphs
 
 
 SPLIT_VARIANTS = sorted(n for n, v in mm.VARIANTS.items() if v.split_k > 1 and v.kind != "tma_persistent")
