@@ -181,33 +181,47 @@ CAPTURED_SPLITS = [
 ]
 
 
+@pytest.mark.parametrize("spare", [True, False], ids=["spare counters", "counters made in capture"])
 @pytest.mark.parametrize("bucket, shapes, cpu_shape", CAPTURED_SPLITS)
-def test_captured_split_k_launches_reset_their_counters(bucket, shapes, cpu_shape, monkeypatch):
-    """Split-K counters made during CUDA graph capture hold whatever the pool held (their
-    zero-fill runs only on replay), and graphs sharing a pool overwrite each other's freed
-    memory: a captured launch must reset its counters itself.  On a GPU: real graphs in one
-    shared pool, replayed out of capture order between replays of a graph that scribbles on
-    the pool.  Without a GPU: capture faked, counters filled with garbage before the call."""
+def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape, spare, monkeypatch):
+    """A split-K launch being captured into a CUDA graph must find its counters at zero on
+    every replay.  With a spare (zeroed by an earlier eager split launch) the capture takes it
+    and records no reset.  Without one, its counters are made in the graph's pool, whose
+    zero-fill runs only when that graph replays, and graphs sharing a pool overwrite each
+    other's freed memory: each captured launch then records a reset of its counters.  On a GPU:
+    real graphs in one shared pool, replayed out of capture order between replays of a graph that
+    scribbles on the pool.  Without a GPU: capture faked, pool-made counters filled with garbage."""
     (v,) = {mm.select(*shape, dtype=torch.float16, hw="h200").triton for shape in shapes}
     for M, N, K in shapes + [cpu_shape]:
         tiles = triton_cdiv(M, v.block_m) * triton_cdiv(N, v.block_n)
         assert mm._splits(v, tiles) > 1
     assert {mm.select(*shape, hw="h200").name for shape in shapes} == {bucket}
+    monkeypatch.setattr(mm, "_WORKSPACES", {})
+    monkeypatch.setattr(mm, "_UNZEROED", set())
+    monkeypatch.setattr(mm, "_SPARE_COUNTERS", {})
     if not GPU:
-        monkeypatch.setattr(mm, "_capturing", lambda a: True)
-        monkeypatch.setattr(mm, "_WORKSPACES", {})
         run = lambda a, b, out: v.launch(a, b, out, *cpu_shape) or out  # noqa: E731
+        check(run, *cpu_shape, torch.float16)  # eager: makes the spare
+        spare_buf = mm._SPARE_COUNTERS[torch.device("cpu")]
+        if not spare:
+            mm._SPARE_COUNTERS.clear()
+        monkeypatch.setattr(mm, "_capturing", lambda a: True)
         check(run, *cpu_shape, torch.float16)
-        (cnt,) = [t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_counters (graphs)"]
-        cnt.fill_(7)
+        ((key, cnt),) = [(k, t) for k, t in mm._WORKSPACES.items() if k[2] == "split_k_counters (graphs)"]
+        assert (cnt is spare_buf) == spare and (key in mm._UNZEROED) == (not spare)
+        if not spare:
+            cnt.fill_(7)  # what the pool may hold: the launch must reset it
         check(run, *cpu_shape, torch.float16)
-        assert all(k[2].endswith("(graphs)") for k in mm._WORKSPACES)  # eager buffers untouched
+        tiles = triton_cdiv(cpu_shape[0], v.block_m) * triton_cdiv(cpu_shape[1], v.block_n)
+        assert not bool(torch.count_nonzero(cnt[:tiles]))  # left at zero for the next replay
         return
     cases = []
     for M, N, K in shapes:
         a, b = operands(M, N, K, torch.float16)
-        mm.matmul_triton(a, b, hw="h200")  # compile outside capture
+        mm.matmul_triton(a, b, hw="h200")  # compile outside capture (and make the spare)
         cases.append((a, b, (a.double() @ b.double()), torch.empty(M, N, dtype=torch.float16, device=DEVICE)))
+    if not spare:
+        mm._SPARE_COUNTERS.clear()
     torch.cuda.synchronize()
     scribbler = torch.cuda.CUDAGraph()
     with torch.cuda.graph(scribbler):
@@ -220,6 +234,8 @@ def test_captured_split_k_launches_reset_their_counters(bucket, shapes, cpu_shap
         with torch.cuda.graph(g, pool=scribbler.pool()):
             mm.matmul_triton(a, b, out=out, hw="h200")
         graphs.append(g)
+    keys = [k for k in mm._WORKSPACES if k[2] == "split_k_counters (graphs)"]
+    assert len(keys) == 1 and (keys[0] in mm._UNZEROED) == (not spare)
     for i in (1, 0, 1, 0, 0, 1):
         scribbler.replay()
         a, b, ref, out = cases[i]
