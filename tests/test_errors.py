@@ -11,10 +11,13 @@ import pytest
 from conftest import REPO, run_cli, snapshot
 
 
-def edit(path: Path, old: str, new: str) -> None:
+def edit(path: Path, old: str, new: str, *, after: str = "") -> None:
+    """Replace the first ``old`` in ``path`` (the first after ``after``, when given)."""
     text = path.read_text()
-    assert old in text, f"{old!r} not in {path}"
-    path.write_text(text.replace(old, new, 1))
+    start = text.find(after)
+    at = text.find(old, start) if start >= 0 else -1
+    assert at >= 0, f"{old!r} not in {path}" + (f" after {after!r}" if after else "")
+    path.write_text(text[:at] + new + text[at + len(old) :])
 
 
 def line_of(path: Path, needle: str) -> int:
@@ -219,11 +222,7 @@ def test_real_process_has_no_traceback_and_exit_2(project):
 
 def test_seed_matmul_config_does_not_fit_gb10(project):
     """The seed's first autotune config (128x256x64, 3 stages) placed on gb10 fails the build."""
-    toml = project / "specs/kernels/matmul.toml"
-    text = toml.read_text()
-    start = text.index('name = "mlp_up"')
-    stages = text.index("num_stages = 2", start)
-    toml.write_text(text[:stages] + "num_stages = 3" + text[stages + len("num_stages = 2") :])
+    edit(project / "specs/kernels/matmul.toml", "num_stages = 2", "num_stages = 3", after='name = "mlp_up"')
     before = snapshot(project / "generated")
     result = run_cli("--root", str(project), "build")
     assert result.code == 2
@@ -242,10 +241,7 @@ def test_seed_matmul_config_does_not_fit_gb10(project):
 def test_split_k_without_its_wave_fails(project):
     """A split-K bucket must say which wave its splits may fill (the part's SM count)."""
     toml = project / "specs/kernels/matmul.toml"
-    text = toml.read_text()
-    start = text.index('name = "small"')
-    wave = text.index('num_programs = { expr = "hw.sm_count" }', start)
-    toml.write_text(text[:wave] + "num_programs = 100" + text[wave + len('num_programs = { expr = "hw.sm_count" }') :])
+    edit(toml, 'num_programs = { expr = "hw.sm_count" }', "num_programs = 100", after='name = "small"')
     before = snapshot(project / "generated")
     result = run_cli("--root", str(project), "build")
     assert result.code == 2
