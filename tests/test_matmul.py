@@ -310,13 +310,15 @@ def test_descriptor_scratch_is_a_per_stream_workspace(monkeypatch):
     ]
 
 
-def test_captured_launches_get_workspaces_of_their_own():
+def test_captured_launches_get_workspaces_of_their_own(monkeypatch):
     """One set of per-stream buffers for eager launches and one for launches being captured."""
-    mm._WORKSPACES.clear()
+    monkeypatch.setattr(mm, "_WORKSPACES", {})
+    monkeypatch.setattr(mm, "_UNZEROED", set())
     eager = mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, False)
     graphs = mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, True)
     assert eager.data_ptr() != graphs.data_ptr()
     assert sorted(k[2] for k in mm._WORKSPACES) == ["split_k_counters", "split_k_counters (graphs)"]
+    assert {k[2] for k in mm._UNZEROED} == {"split_k_counters (graphs)"}  # made in capture: zeroed on replay only
     assert mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, True) is graphs
 
 
