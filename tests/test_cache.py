@@ -226,9 +226,9 @@ def test_copy_blocks_errors_and_noops():
     bm = torch.tensor([[0, 1]], device=DEVICE)
     C.copy_blocks([], [], bm, hw="h200")
     C.copy_blocks([a], [a.clone()], zeros(0, 2, dtype=torch.int64), hw="h200")
-    with pytest.raises(ValueError, match=r"cache 1 is \(4, 2, 4\) torch.float16"):
+    with pytest.raises(ValueError, match=r"cache 1 is \(4, 2, 4\) strides"):
         C.copy_blocks([a], [ones(4, 2, 4, dtype=torch.float16)], bm, hw="h200")
-    with pytest.raises(ValueError, match=r"cache 1 is \(4, 2, 8\) torch.float32"):
+    with pytest.raises(TypeError, match=r"cache 1 dtype torch.float32 != key_caches\[0\] dtype torch.float16"):
         C.copy_blocks([a], [a.float()], bm, hw="h200")
     with pytest.raises(TypeError, match="key_caches\\[0\\] has dtype torch.int32"):
         C.copy_blocks([a.int()], [a.int()], bm, hw="h200")
@@ -239,6 +239,10 @@ def test_copy_blocks_errors_and_noops():
     with pytest.raises(ValueError, match="blocks must be contiguous"):
         b = ones(4, 8, 2, dtype=torch.float16).transpose(1, 2)
         C.copy_blocks([b], [b.clone().transpose(1, 2).contiguous().transpose(1, 2)], bm, hw="h200")
+    # Blocks sharing memory (a block stride below the block size, or 0): rejected, not raced.
+    for shared in (ones(32, dtype=torch.float16).as_strided((4, 2, 4), (4, 4, 1)), a[:1].expand(4, 2, 8)):
+        with pytest.raises(ValueError, match="overlapping blocks"):
+            C.copy_blocks([shared], [shared], bm, hw="h200")
 
 
 # ---------------------------------------------------------------------------------- swap_blocks
@@ -267,5 +271,7 @@ def test_swap_blocks_errors():
         C.swap_blocks(src, dst.double(), bm)
     with pytest.raises(ValueError, match=r"block shapes differ: src \(6, 4, 2, 8\) dst \(9, 4, 2, 4\)"):
         C.swap_blocks(src, dst[..., :4], bm)
+    with pytest.raises(ValueError, match=r"block shapes differ: src \(6,\) dst \(\)"):
+        C.swap_blocks(src.flatten()[:6], dst.flatten()[0], bm)
     with pytest.raises(ValueError, match=r"block_mapping must be \[n, 2\]"):
         C.swap_blocks(src, dst, bm[:, :1])

@@ -123,6 +123,14 @@ def test_rms_norm_strided_rows_and_fp32_weight(dtype):
     check(out, ref_out)
 
 
+@pytest.mark.parametrize("n", [96, 5000])
+def test_rms_norm_strided_weight(n):
+    """A weight of stride 2 or 0 (expand) is read as the values it shows, in both kernels."""
+    x = rnd(3, n)
+    for w in (rnd(2 * n)[::2], rnd(1).expand(n)):
+        check(T.rms_norm(x, w, 1e-6, hw="h200"), rms_norm_ref(x, w.contiguous(), 1e-6))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("n", [5000, 16400])
 def test_rms_norm_two_pass_on_strided_rows(dtype, n):
@@ -331,6 +339,24 @@ def test_rotary_embedding(target, case, dtype):
     assert torch.equal(passed, before[:, :heads].unflatten(1, (H + KH, hs))[..., rot:])
 
 
+@pytest.mark.parametrize("which", ["stride2", "expanded"])
+def test_rotary_strided_positions(which):
+    """positions of stride 2 (a column of a [T, 2] tensor) or 0 (expand): token t uses pos[t]."""
+    T_, hs = 5, 64
+    pos = (
+        torch.randint(0, 50, (T_, 2)).to(DEVICE)[:, 1]
+        if which == "stride2"
+        else zeros(1, dtype=torch.int64).add(7).expand(T_)
+    )
+    cs = rnd(50, hs)
+    q, k = rnd(T_, 2 * hs), rnd(T_, hs)
+    rq, rk = q.clone(), k.clone()
+    T.rotary_embedding(pos, q, k, cs, hs, True, hw="h200")
+    rotary_embedding_ref(pos.contiguous(), rq, rk, cs, hs, True)
+    check(q, rq)
+    check(k, rk)
+
+
 def test_rotary_plan_follows_the_record():
     """Hand-computed: heads packed until a program loads tile_bytes, halved to fill a wave."""
     h200 = dispatch_kernel_config("rotary_embedding", "h200")  # 4 KiB: 16 heads of 128 bf16
@@ -371,3 +397,14 @@ def test_rotary_errors():
         T.rotary_embedding(pos, q3, None, cs, 64, True, hw="h200")
     with pytest.raises(ValueError, match=r"key \(3, 128\) vs query \(2, 256\)"):
         T.rotary_embedding(pos, q, ones(3, 128, dtype=torch.float16), cs, 64, True, hw="h200")
+    with pytest.raises(TypeError, match="cos_sin_cache dtype torch.int64"):
+        T.rotary_embedding(pos, q, None, cs.long(), 64, True, hw="h200")
+    with pytest.raises(ValueError, match=r"cos_sin_cache must be 2-D"):
+        T.rotary_embedding(pos, q, None, cs[0], 64, True, hw="h200")
+    with pytest.raises(ValueError, match="head_size must be a positive integer, got 64.5"):
+        T.rotary_embedding(pos, q, None, cs, 64.5, True, hw="h200")
+    # Rows that overlap (row stride 64 < 4 heads x 64) would be rotated more than once.
+    with pytest.raises(ValueError, match="query .* has overlapping rows"):
+        T.rotary_embedding(
+            pos, ones(400, dtype=torch.float16).as_strided((2, 256), (64, 1)), None, cs, 64, True, hw="h200"
+        )
