@@ -6,11 +6,13 @@ Exit codes (as black documents its own):
     1  ``check`` only: generated/ is stale (a diff per changed file, the
        missing and extra files, and the fix are printed)
     2  invalid specs or usage; one message per problem, no traceback, and
-       generated/ untouched
+       generated/ untouched.  Also: a spec file or generated/ cannot be read,
+       or generated/ cannot be written (one line naming the path and the
+       reason; build puts back what it had changed)
     3  internal error (a bug in codegen or a template): traceback printed
 
 ``build`` renders everything in memory first and writes only files whose
-bytes changed; ``check`` writes nothing.
+bytes changed, all or nothing (see ``write.apply``); ``check`` writes nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .render import Rendered
 from .resolve import Resolution
 
 EXIT_OK, EXIT_STALE, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_IO = EXIT_INVALID  # generated/ (or a spec file) cannot be read or written
 OUT_DIR = "generated"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,6 +72,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         for p in exc.problems:
             print(f"  {p.render()}", file=err)
         return EXIT_INVALID
+    except write.OutputError as exc:
+        print(f"codegen: {exc}", file=err)
+        return EXIT_IO
     except Exception:  # a bug, not bad input: say so, with the traceback
         print("codegen: internal error (please report):", file=err)
         traceback.print_exc(file=err)
@@ -83,6 +89,8 @@ def _build(rendered: Rendered, root: Path, out: TextIO) -> int:
         print(f"{verb} {OUT_DIR}/{change.path}", file=out)
     for rel in plan.foreign:
         print(f"left alone {OUT_DIR}/{rel} (no 'Code generated' marker)", file=out)
+    for rel in plan.leftovers:
+        print(f"removed leftover temporary file {OUT_DIR}/{rel}", file=out)
     if not plan.changes:
         print(f"{OUT_DIR}/ is up to date ({len(plan.unchanged)} files)", file=out)
     return EXIT_OK

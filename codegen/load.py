@@ -3,11 +3,15 @@
 The result is a frozen ``SpecTree`` in which every policy value is either a
 checked literal or a parsed rule, every threshold is unique per vendor, and
 every reference (model, alias, field) points at something that exists.
-Problems in all files are collected and raised together as ``SpecErrors``.
+Problems in all files are collected and raised together as ``SpecErrors``,
+including files that cannot be listed, read or decoded (spec files are UTF-8
+without a byte-order mark, as tomllib requires) and float literals that
+generated code cannot spell (nan, inf).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -21,17 +25,19 @@ from .errors import KeyPath, SpecErrors, SpecProblem, format_keypath, problem
 from .models import (
     BOUND_RE,
     BUCKET_KEYS,
+    HW_RULE_ATTRS,
     INHERITED_KEYS,
+    MODEL_RULE_ATTRS,
     POLICY_KEYS,
     VENDORS,
     CheckSpec,
     ConfigSpec,
     ExprRule,
-    Features,
     FieldSpec,
     HardwareSpec,
     ModelSpec,
     PickRule,
+    text_problem,
 )
 
 SPEC_DIRS = ("hardware", "models", "kernels")
@@ -208,22 +214,27 @@ def load(root: Path) -> SpecTree:
     """Read ``root/specs`` and return the validated tree, or raise SpecErrors."""
     problems: list[SpecProblem] = []
     spec_root = root / "specs"
-    if not spec_root.is_dir():
-        raise SpecErrors([problem("specs", (), f"spec directory not found under {root}")])
+    if not _is_dir(spec_root, "specs", problems):
+        raise SpecErrors(problems or [problem("specs", (), f"spec directory not found under {root}")])
 
     raw: dict[str, list[tuple[str, Source, dict[str, Any]]]] = {d: [] for d in SPEC_DIRS}
-    for sub in sorted(p for p in spec_root.iterdir() if not p.name.startswith(".")):
+    subs = _listdir(spec_root, "specs", problems)
+    if subs is None:
+        raise SpecErrors(problems)
+    for sub in subs:
         rel = f"specs/{sub.name}"
-        if sub.is_dir() and sub.name not in SPEC_DIRS:
+        if sub.name.startswith("."):
+            continue
+        if _is_dir(sub, rel, problems) and sub.name not in SPEC_DIRS:
             problems.append(problem(rel, (), f"unknown spec directory; expected one of {', '.join(SPEC_DIRS)}"))
     for kind in SPEC_DIRS:
         folder = spec_root / kind
-        if not folder.is_dir():
+        if not _is_dir(folder, f"specs/{kind}", problems):
             problems.append(problem(f"specs/{kind}", (), "missing spec directory"))
             continue
-        for path in sorted(folder.iterdir()):
+        for path in _listdir(folder, f"specs/{kind}", problems) or ():
             rel = f"specs/{kind}/{path.name}"
-            if path.name.startswith(".") or path.is_dir():
+            if path.name.startswith(".") or _is_dir(path, rel, problems):
                 continue
             if path.suffix != ".toml":
                 problems.append(problem(rel, (), "spec files must end in .toml"))
@@ -231,7 +242,9 @@ def load(root: Path) -> SpecTree:
             if not _NAME_RE.match(path.stem):
                 problems.append(problem(rel, (), f"file name must match {_NAME_RE.pattern} (it is a Python-level key)"))
                 continue
-            text = path.read_text(encoding="utf-8")
+            text = _read_text(path, rel, problems)
+            if text is None:
+                continue
             source = Source(rel, text)
             try:
                 data = tomllib.loads(text)
@@ -239,6 +252,12 @@ def load(root: Path) -> SpecTree:
                 line = _toml_error_line(str(exc))
                 problems.append(problem(rel, (), f"malformed TOML: {exc}", line=line))
                 continue
+            for keypath, value in _non_finite(data, ()):
+                problems.append(
+                    source.problem(
+                        keypath, "nan and inf are not allowed: generated Python cannot spell them", value=value
+                    )
+                )
             raw[kind].append((path.stem, source, data))
 
     hardware = _load_hardware(raw["hardware"], problems)
@@ -249,6 +268,76 @@ def load(root: Path) -> SpecTree:
     if problems:
         raise SpecErrors(_without_inherited_repeats(problems))
     return SpecTree(root=root, hardware=hardware, models=models, configs=configs)
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _listdir(folder: Path, rel: str, problems: list[SpecProblem]) -> list[Path] | None:
+    """The entries of a spec folder, sorted; None (and a problem) when it cannot be listed."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError as exc:
+        problems.append(problem(rel, (), f"cannot list the directory: {_reason(exc)}"))
+        return None
+
+
+def _is_dir(path: Path, rel: str, problems: list[SpecProblem]) -> bool:
+    try:
+        return path.is_dir()
+    except OSError as exc:  # e.g. a folder above it cannot be searched
+        problems.append(problem(rel, (), f"cannot read: {_reason(exc)}"))
+        return False
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _read_text(path: Path, rel: str, problems: list[SpecProblem]) -> str | None:
+    """A spec file's text: UTF-8 without a byte-order mark (what tomllib reads)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        problems.append(problem(rel, (), f"cannot read the file: {_reason(exc)}"))
+        return None
+    if data.startswith(_BOM):
+        problems.append(
+            problem(
+                rel,
+                (),
+                "the file starts with a UTF-8 byte-order mark (BOM), which TOML does not allow; "
+                "save it as UTF-8 without a BOM",
+                line=1,
+            )
+        )
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        problems.append(
+            problem(
+                rel,
+                (),
+                f"not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line} cannot be decoded; "
+                "save the file as UTF-8",
+                line=line,
+            )
+        )
+        return None
+
+
+def _non_finite(data: Any, keypath: KeyPath):
+    """(key path, value) of every nan or inf float in parsed TOML."""
+    if isinstance(data, float) and not math.isfinite(data):
+        yield keypath, data
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield from _non_finite(value, keypath + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from _non_finite(value, keypath + (i,))
 
 
 _INHERITED_NOTE = re.compile(r" \(inherited by [a-z][a-z0-9_]*\)")
@@ -559,16 +648,15 @@ def _load_config(
 
 
 def _check_namespace_attrs(expr: rules.Expr, has_model: bool) -> str | None:
-    hw_names = set(HardwareSpec.model_fields) - {"features", "device_names"}
-    hw_names |= set(Features.model_fields) | {"bandwidth_per_sm_gbps", "name"}
+    """The attributes a rule may read are the ones resolve.py puts in its namespaces."""
     for ns, attr in sorted(expr.attrs):
-        if ns == "hw" and attr not in hw_names:
-            return f"'hw.{attr}' is not a hardware attribute (known: {', '.join(sorted(hw_names))})"
+        if ns == "hw" and attr not in HW_RULE_ATTRS:
+            return f"'hw.{attr}' is not a hardware attribute (known: {', '.join(HW_RULE_ATTRS)})"
         if ns == "model":
             if not has_model:
                 return "rule reads 'model' but the config names no model"
-            if attr not in ModelSpec.model_fields:
-                return f"'model.{attr}' is not a model attribute (known: {', '.join(sorted(ModelSpec.model_fields))})"
+            if attr not in MODEL_RULE_ATTRS:
+                return f"'model.{attr}' is not a model attribute (known: {', '.join(MODEL_RULE_ATTRS)})"
     return None
 
 
@@ -606,8 +694,7 @@ def _load_policy(
             problems.append(source.problem(path + ("min_arch",), "must be a non-negative integer", value=min_arch))
         if max_arch is not None and (type(max_arch) is not int or (type(min_arch) is int and max_arch < min_arch)):
             problems.append(source.problem(path + ("max_arch",), "must be an integer >= min_arch", value=max_arch))
-    if not isinstance(note, str):
-        problems.append(source.problem(path + ("note",), "must be a string", value=note))
+    _check_note(note, path + ("note",), source, problems)
 
     fields = spec.fields
     bucketed = spec.buckets is not None
@@ -692,6 +779,7 @@ def _load_bucket(
     if not isinstance(name, str) or not _NAME_RE.match(name):
         problems.append(source.problem(path + ("name",), f"bucket name must match {_NAME_RE.pattern}", value=name))
     note = raw.get("note", "")
+    _check_note(note, path + ("note",), source, problems)
     bounds: list[Bound] = []
     values: dict[str, Value] = dict(defaults)
     for key, value in raw.items():
@@ -729,11 +817,21 @@ def _load_bucket(
         return None
     return Bucket(
         name=name,
-        note=note if isinstance(note, str) else "",
+        note=note,
         bounds=tuple(sorted(bounds, key=lambda b: (spec.buckets.dims.index(b.dim), b.kind))),  # type: ignore[union-attr]
         values=values,
         keypath=path,
     )
+
+
+def _check_note(note: Any, path: KeyPath, source: Source, problems: list[SpecProblem]) -> None:
+    """A policy's or bucket's note is printed into generated comments as it is."""
+    if not isinstance(note, str):
+        problems.append(source.problem(path, "must be a string", value=note))
+        return
+    why = text_problem(note)
+    if why is not None:
+        problems.append(source.problem(path, why, value=note))
 
 
 _LITERAL_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}

@@ -13,6 +13,10 @@ Rules every model here follows (in the spirit of torchgen/model.py):
   a tuning choice (literal, with a comment saying why) or a rule evaluated
   against each target by the resolver (see ``rules.py``).
 * Nothing here knows about files or lines; ``load.py`` attaches those.
+* Whatever the templates print as it is, not as a Python literal, is held to
+  what is safe there: a doc or note is one line of printable text without
+  backslashes or triple quotes (``DocText``), a record or field name is an
+  identifier and not a keyword.  Values are printed with ``repr``.
 
 Three kinds of spec file:
 
@@ -27,10 +31,12 @@ Three kinds of spec file:
 
 from __future__ import annotations
 
+import keyword
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -50,6 +56,44 @@ Vendor = Literal["iluvatar", "nvidia"]
 IDENT = r"^[a-z][a-z0-9_]*$"
 Ident = Annotated[str, Field(pattern=IDENT)]
 PosInt = Annotated[StrictInt, Field(gt=0)]
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be copied into generated code as one line of a comment or a
+    docstring, or None when it can.  The templates print docs and notes as they are: a line
+    break would end the comment (and the rest run as code), a backslash or triple quote would
+    change or end a docstring."""
+    bad = next((ch for ch in text if not ch.isprintable()), None)
+    if bad is not None:
+        what = "a line break" if bad in "\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029" else f"the character {bad!r}"
+        return f"must be one line of printable text (it has {what}); it is copied into generated code"
+    if "\\" in text:
+        return "must not contain a backslash; it is copied into generated code as it is"
+    if '"""' in text:
+        return 'must not contain """ (three double quotes); it is copied into a generated docstring'
+    return None
+
+
+def _one_line(text: str) -> str:
+    why = text_problem(text)
+    if why is not None:
+        raise ValueError(why)
+    return text
+
+
+# A doc or note: printed as it is into a generated comment or docstring.
+DocText = Annotated[StrictStr, AfterValidator(_one_line)]
+
+
+def _not_keyword(name: str) -> str:
+    if keyword.iskeyword(name):
+        raise ValueError(f"{name!r} is a Python keyword; the name must be usable as a Python identifier")
+    return name
+
+
+# A record field: an attribute and a keyword argument in generated code.  (Soft keywords such
+# as 'match' are valid identifiers.)
+FieldName = Annotated[str, Field(pattern=IDENT), AfterValidator(_not_keyword)]
 
 
 class Spec(BaseModel):
@@ -125,6 +169,28 @@ class HardwareSpec(Spec):
         return self
 
 
+# What rules read as ``hw.<attr>``: every number and flag of the part (its features
+# flattened), its spec name and a derived figure; not its display name or device names.
+# ``load.py`` accepts exactly these attributes and ``resolve.py`` builds exactly this
+# namespace (``hw_rule_namespace``), so a rule that loads can be evaluated.
+_HW_NOT_IN_RULES = ("display_name", "device_names", "features")
+HW_RULE_ATTRS: tuple[str, ...] = tuple(
+    sorted(
+        (set(HardwareSpec.model_fields) - set(_HW_NOT_IN_RULES))
+        | set(Features.model_fields)
+        | {"name", "bandwidth_per_sm_gbps"}
+    )
+)
+
+
+def hw_rule_namespace(name: str, spec: HardwareSpec) -> dict[str, Any]:
+    """The ``hw`` namespace of rules for the target ``name``: exactly HW_RULE_ATTRS."""
+    flat = {**spec.model_dump(), **spec.features.model_dump()}
+    flat["name"] = name
+    flat["bandwidth_per_sm_gbps"] = spec.memory_bandwidth_gbps / spec.sm_count
+    return {attr: flat[attr] for attr in HW_RULE_ATTRS}
+
+
 # ---------------------------------------------------------------------------
 # Models (the network a policy is tuned for)
 
@@ -142,6 +208,16 @@ class ModelSpec(Spec):
     intermediate_size: PosInt
 
 
+# What rules read as ``model.<attr>``: the dimensions, not the display name.
+MODEL_RULE_ATTRS: tuple[str, ...] = tuple(sorted(set(ModelSpec.model_fields) - {"display_name"}))
+
+
+def model_rule_namespace(spec: ModelSpec) -> dict[str, Any]:
+    """The ``model`` namespace of rules: exactly MODEL_RULE_ATTRS."""
+    flat = spec.model_dump()
+    return {attr: flat[attr] for attr in MODEL_RULE_ATTRS}
+
+
 # ---------------------------------------------------------------------------
 # Kernel configs and policies
 
@@ -153,7 +229,7 @@ class FieldSpec(Spec):
     """One field of a generated config record."""
 
     type: FieldType
-    doc: StrictStr
+    doc: DocText
     # Allowed values (for enumerations such as a kernel kind).
     choices: tuple[Scalar, ...] | None = None
 
@@ -209,7 +285,7 @@ class BucketDims(Spec):
     """Run-time dimensions a bucketed config's buckets may bound."""
 
     dims: tuple[Annotated[str, Field(pattern=r"^[a-z]$")], ...] = Field(min_length=1)
-    doc: StrictStr
+    doc: DocText
 
 
 # Keys a config inherits through ``extends``: what its values are and how they are chosen.  Its
@@ -220,8 +296,9 @@ INHERITED_KEYS = ("model", "fields", "derived", "checks", "buckets", "policy", "
 class ConfigSpec(Spec):
     """One config record and its policies (a top-level table of a kernel file)."""
 
+    # The generated class; render.py also rejects a name the dispatch module itself uses.
     record: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$")]
-    doc: StrictStr
+    doc: DocText
     # Another config (in any kernel file) whose inheritable keys (INHERITED_KEYS) this one
     # takes where it does not set them; a key set here replaces the inherited one whole.
     # load.py merges before validation, so this model only sees the merged table.
@@ -234,7 +311,7 @@ class ConfigSpec(Spec):
     variants: dict[Ident, dict[Ident, Scalar]] | None = None
     # Extra dispatch names for existing variants (e.g. attention -> attention_fp16).
     aliases: dict[Ident, Ident] = {}
-    fields: dict[Ident, FieldSpec] = Field(min_length=1)
+    fields: dict[FieldName, FieldSpec] = Field(min_length=1)
     # Named intermediate values (rules) the checks and messages may use; not emitted.
     derived: dict[Ident, StrictStr] = {}
     checks: tuple[CheckSpec, ...] = ()
@@ -246,6 +323,13 @@ class ConfigSpec(Spec):
     # Serves any target no threshold serves (any vendor, below every threshold,
     # or past a max_arch).  Without one, such a target is an error.
     base: dict[str, Any] | None = None
+
+    @field_validator("record")
+    @classmethod
+    def _record_not_keyword(cls, v: str) -> str:
+        if keyword.iskeyword(v) or keyword.issoftkeyword(v):
+            raise ValueError(f"{v!r} is a Python keyword; a record name must be usable as a class name")
+        return v
 
     @field_validator("variants")
     @classmethod

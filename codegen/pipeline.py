@@ -3,9 +3,10 @@
     root (Path) --load--> SpecTree --resolve--> Resolution --render--> Rendered --plan--> Plan
 
 ``load`` and ``resolve`` raise ``SpecErrors`` (every problem found, exit 2);
-``render`` only turns resolved data into formatted text.  Nothing before
-``write.apply`` touches the disk, so a failing stage leaves generated/ as it
-was.
+``render`` first checks that the specs provide what the templates need (also
+``SpecErrors``), then only turns resolved data into formatted text.  Nothing
+before ``write.apply`` touches the disk, so a failing stage leaves generated/
+as it was; ``apply`` itself is all or nothing (``write.OutputError``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,15 @@
 Templates hold layout; everything they print is prepared here, in Python,
 as plain data (names, comments, Python literals made with ``repr``).  Each
 generated module is one template plus a context builder in ``MODULES``.
+Spec text printed as it is (docs, notes) is escaped for its place
+(``comment_text``, ``docstring_text``) although load.py already admits only one
+line of printable text there.
+
+Before anything is rendered, ``check_needs`` verifies that the spec tree provides
+what the templates need (``NEEDS``: the configs, dispatch names, fields and
+parameters the generated modules read) and that no record class takes a name
+the dispatch module itself uses; a problem is a ``SpecErrors`` (exit 2), not a
+module that builds and fails at import or at run time.
 
 Output is deterministic: the context is built from sorted records, nothing
 iterates a set, there are no timestamps, and black runs with a fixed Mode
@@ -19,6 +28,7 @@ black would produce again, so ``check`` and a no-op ``build`` skip black.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 from dataclasses import dataclass
@@ -28,6 +38,7 @@ from typing import Any, Callable, Mapping
 import black
 import jinja2
 
+from .errors import SpecErrors, SpecProblem, problem
 from .load import SpecTree
 from .resolve import Instantiation, Resolution, VariantResolution
 
@@ -133,11 +144,19 @@ def make_env() -> jinja2.Environment:
 
 
 def render(resolution: Resolution, env: jinja2.Environment | None = None) -> Rendered:
+    """Every generated module's source; SpecErrors if the specs lack what a template needs."""
     env = env or make_env()
+    problems = check_needs(resolution)
+    if problems:
+        raise SpecErrors(problems)
     files: dict[str, GeneratedFile] = {}
     for module in MODULES:
         context = module.context(resolution)
         context["header"] = header(module.sources(resolution))
+        if module.path == "dispatch.py":
+            problems = check_record_names(resolution, env, context)
+            if problems:
+                raise SpecErrors(problems)
         text = env.get_template(module.template).render(**context)
         files[module.path] = GeneratedFile(module.path, text)
     return Rendered(files=dict(sorted(files.items())))
@@ -148,6 +167,178 @@ def format_python(text: str, name: str) -> str:
         return black.format_str(text, mode=BLACK_MODE)
     except black.InvalidInput as exc:  # a template bug, not a spec problem
         raise RuntimeError(f"template output for {name} is not valid Python: {exc}") from None
+
+
+def comment_text(text: str) -> str:
+    """``text`` safe to print after ``#``: one line (line breaks and other control characters
+    are shown as escapes).  load.py admits only such text; this is the second line of defence."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def docstring_text(text: str) -> str:
+    """``text`` safe to print inside a triple-quoted docstring: one line, its backslashes
+    doubled and its triple quotes broken up."""
+    return comment_text(text.replace("\\", "\\\\")).replace('"""', '\\"\\"\\"')
+
+
+# ---------------------------------------------------------------------------
+# What the templates need from the specs
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A config a generated module reads, and what of it: checked before rendering, so that a
+    spec tree without it fails the build instead of building a module that fails at run time."""
+
+    module: str  # the generated module, relative to generated/
+    config: str
+    file: str  # the spec file expected to define the config
+    names: tuple[str, ...]  # dispatch names (variants, or aliases of a plain config) it looks up
+    fields: tuple[str, ...]  # record fields it reads
+    params: tuple[str, ...] = ()  # variant parameters render.py reads
+    bucketed: bool = False
+    dims: tuple[str, ...] = ()  # bucket dimensions it can select on (bucketed configs)
+
+
+# Fields of the memory-bound modules' launch records (the planners in launch.py.j2,
+# transform.py.j2 and cache.py.j2 read them as cfg.<field>).
+_LAUNCH_FIELDS = ("num_warps", "tile_bytes", "min_programs", "max_warps", "warp_size")
+# Record fields that become a Triton kernel's constants (the rest choose the backend).
+_KERNEL_FIELDS = (
+    "kernel",
+    "block_m",
+    "block_n",
+    "block_k",
+    "group_m",
+    "split_k",
+    "num_warps",
+    "num_stages",
+    "flatten",
+    "epilogue_subtile",
+    "num_programs",
+)
+# Run-time dimensions of matmul's buckets: spec name -> the selector's argument.
+_DIM = {"m": "M", "n": "N", "k": "K"}
+# Kept next to the templates' lookups: tests/test_cli.py checks it against the generated modules
+# (every dispatch_kernel_config("...") and cfg.<field> they contain, and matmul's variants).
+NEEDS: tuple[Needs, ...] = (
+    Needs(
+        "transform.py",
+        "transform_launch",
+        "specs/kernels/transform.toml",
+        ("rms_norm", "silu_and_mul", "rotary_embedding"),
+        _LAUNCH_FIELDS,
+    ),
+    Needs("cache.py", "cache_launch", "specs/kernels/cache.toml", ("reshape_and_cache", "copy_blocks"), _LAUNCH_FIELDS),
+    Needs(
+        "matmul.py",
+        "matmul",
+        "specs/kernels/matmul.toml",
+        ("matmul_16bit", "matmul_fp32"),
+        ("backend",) + _KERNEL_FIELDS,
+        params=("dtype_bytes",),
+        bucketed=True,
+        dims=tuple(_DIM),
+    ),
+)
+
+
+def check_needs(resolution: Resolution) -> list[SpecProblem]:
+    """Problems that would make a generated module fail at run time: a config, dispatch name,
+    field, parameter or bucket dimension in NEEDS that the specs do not define as needed."""
+    tree = resolution.tree
+    configs = {cfg.name: cfg for cfg in tree.configs}
+    problems = []
+    for need in NEEDS:
+        user = f"generated/{need.module}"
+        cfg = configs.get(need.config)
+        if cfg is None:
+            problems.append(
+                problem(
+                    need.file,
+                    (need.config,),
+                    f"config is missing: {user} needs it (variants {', '.join(need.names)}); "
+                    f"define [{need.config}] in {need.file}",
+                )
+            )
+            continue
+        src = cfg.source
+        if cfg.bucketed != need.bucketed:
+            kind = "a bucketed config (with a [buckets] table)" if need.bucketed else "a config without buckets"
+            problems.append(src.problem((cfg.name,), f"{user} needs {kind}"))
+            continue
+        names = set(cfg.variants) | (set() if need.bucketed else set(cfg.spec.aliases))
+        for name in need.names:
+            if name not in names:
+                problems.append(
+                    src.problem(
+                        (cfg.name, "variants"),
+                        f"variant '{name}' is missing: {user} looks it up (variants: {', '.join(cfg.variants)})",
+                    )
+                )
+        for field in need.fields:
+            if field not in cfg.spec.fields:
+                problems.append(
+                    src.problem(
+                        (cfg.name, "fields"),
+                        f"field '{field}' is missing from {cfg.spec.record}: {user} reads it",
+                    )
+                )
+        for param in need.params:
+            for variant, params in cfg.variants.items():
+                if param not in params:
+                    problems.append(
+                        src.problem(
+                            (cfg.name, "variants", variant),
+                            f"variant parameter '{param}' is missing: generating {user} reads it",
+                        )
+                    )
+        if need.bucketed and cfg.spec.buckets is not None:
+            for dim in cfg.spec.buckets.dims:
+                if dim not in need.dims:
+                    problems.append(
+                        src.problem(
+                            (cfg.name, "buckets", "dims"),
+                            f"{user} selects buckets on {', '.join(need.dims)} only",
+                            value=dim,
+                        )
+                    )
+    return problems
+
+
+def module_names(source: str) -> frozenset[str]:
+    """Every name a module's source defines, imports or reads, at any depth (a class of the
+    same name at module level would replace or shadow it)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return frozenset(names)
+
+
+def check_record_names(resolution: Resolution, env: jinja2.Environment, context: dict[str, Any]) -> list[SpecProblem]:
+    """A record class must not take a name that generated/dispatch.py itself defines or uses
+    (HardwareCapability, HARDWARE, KeyError, ...).  The names are those of the template rendered
+    without any record, so they follow the template."""
+    bare = dict(context, records=[], kernels=[], dispatch_names=[])
+    reserved = module_names(env.get_template("dispatch.py.j2").render(**bare))
+    problems = []
+    for cfg in resolution.tree.configs:
+        if not cfg.bucketed and cfg.spec.record in reserved:
+            problems.append(
+                cfg.source.problem(
+                    (cfg.name, "record"),
+                    "record name is a name generated/dispatch.py defines or uses itself; choose another",
+                    value=cfg.spec.record,
+                )
+            )
+    return problems
 
 
 # ---------------------------------------------------------------------------
@@ -253,9 +444,9 @@ def dispatch_context(resolution: Resolution) -> dict[str, Any]:
         records.append(
             {
                 "name": cfg.spec.record,
-                "doc": cfg.spec.doc,
+                "doc": docstring_text(cfg.spec.doc),
                 "source": cfg.source.origin((cfg.name, "fields"))[0].path,  # the inherited fields' file
-                "fields": [(n, f.type, f.doc) for n, f in cfg.spec.fields.items()],
+                "fields": [(n, f.type, comment_text(f.doc)) for n, f in cfg.spec.fields.items()],
             }
         )
         for vr in resolution.for_config(cfg.name):
@@ -304,22 +495,7 @@ def dispatch_context(resolution: Resolution) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 # generated/matmul.py
 
-MATMUL_CONFIGS = ("matmul",)
-# Record fields that become a Triton kernel's constants (the rest choose the backend).
-_KERNEL_FIELDS = (
-    "kernel",
-    "block_m",
-    "block_n",
-    "block_k",
-    "group_m",
-    "split_k",
-    "num_warps",
-    "num_stages",
-    "flatten",
-    "epilogue_subtile",
-    "num_programs",
-)
-_DIM = {"m": "M", "n": "N", "k": "K"}
+MATMUL_CONFIGS = tuple(n.config for n in NEEDS if n.module == "matmul.py")
 
 
 def kernel_summary(c: dict[str, Any]) -> str:
@@ -375,7 +551,9 @@ def matmul_context(resolution: Resolution) -> dict[str, Any]:
                 epilogue_subtile=1,
                 num_programs=consts["num_programs"] if consts["split_k"] > 1 else 0,
             )
-            entry["fallback"] = kernel_for(variant, dtype_bytes, fb, f"{entry['name']}_ptr", f"{user} (non-TMA operands)")
+            entry["fallback"] = kernel_for(
+                variant, dtype_bytes, fb, f"{entry['name']}_ptr", f"{user} (non-TMA operands)"
+            )
         return entry["name"]
 
     policies = []
@@ -402,7 +580,7 @@ def matmul_context(resolution: Resolution) -> dict[str, Any]:
                         "kernel": kname,
                         "condition": " and ".join(bounds),
                         "bounds": ", ".join(bounds) or "any shape",
-                        "note": b.note,
+                        "note": comment_text(b.note),
                     }
                 )
             policies.append(
@@ -434,8 +612,8 @@ MODULE_DOCS = (
     ("matmul", "shape-bucketed Triton matmul kernels per target, with the vendor library where it wins"),
     ("_launch", "host-side launch plans and argument checks shared by transform and cache (internal)"),
 )
-TRANSFORM_CONFIGS = ("transform_launch",)
-CACHE_CONFIGS = ("cache_launch",)
+TRANSFORM_CONFIGS = tuple(n.config for n in NEEDS if n.module == "transform.py")
+CACHE_CONFIGS = tuple(n.config for n in NEEDS if n.module == "cache.py")
 
 MODULES: tuple[Module, ...] = (
     Module("__init__.py", "init.py.j2", lambda r: {"modules": MODULE_DOCS}, lambda r: r.tree.files),

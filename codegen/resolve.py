@@ -8,7 +8,9 @@ For every config variant and every target:
    ``max_arch`` does not chain past it.  No policy: the config's base policy,
    else an error.
 2. Evaluate the policy's rules against that target (``hw``), the config's
-   model (``model``) and the variant's parameters, in dependency order.
+   model (``model``) and the variant's parameters, in dependency order; a
+   field's value must have the field's type (and be finite: nan and inf have
+   no Python literal).
 3. Validate the record against the target's own limits (the config's
    checks).  A policy written for one arch can overflow a later one: shared
    memory is not monotonic in arch (8.0: 163 KB per block, 8.6/8.9: 99 KB).
@@ -19,12 +21,14 @@ For every config variant and every target:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from . import rules
 from .errors import SpecErrors, SpecProblem
 from .load import Bound, Check, Config, Hardware, Policy, SpecTree, Value
+from .models import hw_rule_namespace, model_rule_namespace
 
 Record = tuple[tuple[str, Any], ...]  # (field, value) in declared field order
 
@@ -97,13 +101,9 @@ class Resolution:
 
 
 def hw_namespace(hw: Hardware) -> dict[str, Any]:
-    """What rules see as ``hw``: the spec's numbers, its features, and derived figures."""
-    spec = hw.spec
-    ns = spec.model_dump(exclude={"features", "device_names", "display_name"})
-    ns.update(spec.features.model_dump())
-    ns["name"] = hw.name
-    ns["bandwidth_per_sm_gbps"] = spec.memory_bandwidth_gbps / spec.sm_count
-    return ns
+    """What rules see as ``hw``: the spec's numbers, its features, and derived figures
+    (``models.HW_RULE_ATTRS``, the attributes load.py lets a rule read)."""
+    return hw_rule_namespace(hw.name, hw.spec)
 
 
 def resolve(tree: SpecTree) -> Resolution:
@@ -111,7 +111,7 @@ def resolve(tree: SpecTree) -> Resolution:
     hw_ns = {hw.name: hw_namespace(hw) for hw in tree.hardware}
     out: list[VariantResolution] = []
     for cfg in tree.configs:
-        model_ns = tree.models[cfg.spec.model].spec.model_dump(exclude={"display_name"}) if cfg.spec.model else {}
+        model_ns = model_rule_namespace(tree.models[cfg.spec.model].spec) if cfg.spec.model else {}
         for variant in sorted(cfg.variants):
             params = cfg.variants[variant]
             problems: list[SpecProblem] = []
@@ -242,6 +242,8 @@ def _type_error(name: str, ftype: str, choices: tuple | None, value: Any) -> str
     }[ftype]
     if not ok:
         return f"rule for '{name}' gave a {type(value).__name__}; the field is {ftype}"
+    if type(value) is float and not math.isfinite(value):
+        return f"rule for '{name}' gave {value!r}; a field's value must be finite (generated Python cannot spell it)"
     if choices is not None and value not in choices:
         return f"rule for '{name}' gave a value outside {', '.join(map(repr, choices))}"
     return None

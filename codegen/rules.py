@@ -9,7 +9,9 @@ Allowed: int/float/bool/str constants; names; attribute access on the
 ``hw`` and ``model`` namespaces; ``+ - * / // % **``; unary ``- + not``;
 ``and``/``or``; comparison chains; ``a if c else b``; calls of the functions
 in ``FUNCTIONS``.  Anything else is rejected when the spec is loaded, so a
-malformed rule is reported with its file and key before resolution starts.
+malformed rule is reported with its file and key before resolution starts;
+so is an expression nested deeper than ``MAX_DEPTH`` (parsing, evaluating or
+explaining it would exhaust Python's recursion limit).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ _CMPOPS: dict[type, tuple[Callable[[Any, Any], bool], str]] = {
 }
 # Names that are namespaces: ``hw.sm_count``, ``model.head_dim``.
 NAMESPACES = ("hw", "model")
+# Deepest syntax tree a rule may have.  Evaluation recurses once or twice per level, so this
+# keeps far below Python's recursion limit; real rules are a dozen levels deep.
+MAX_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,10 @@ def parse(source: str) -> Expr:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as exc:
         raise RuleError(f"not a valid expression: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise RuleError(f"expression too deeply nested or too large (at most {MAX_DEPTH} levels)") from None
+    if _depth(tree) > MAX_DEPTH:
+        raise RuleError(f"expression too deeply nested (at most {MAX_DEPTH} levels)")
     names: set[str] = set()
     attrs: set[tuple[str, str]] = set()
     for node in ast.walk(tree):
@@ -141,6 +150,17 @@ def parse(source: str) -> Expr:
         if isinstance(node, ast.UnaryOp) and not isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
             raise RuleError(f"operator {type(node.op).__name__} is not allowed")
     return Expr(source=source.strip(), tree=tree, names=frozenset(names), attrs=frozenset(attrs))
+
+
+def _depth(tree: ast.AST) -> int:
+    """Depth of a syntax tree, found without recursion."""
+    deepest = 0
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 class Env:

@@ -2,22 +2,39 @@
 
 ``plan`` reads generated/ and decides, file by file, what would change.  It
 writes nothing, so ``check`` is ``plan`` plus a report.  ``apply`` performs
-a plan: each file is written to a temporary file in the same folder and
-moved into place with ``os.replace`` (atomic on POSIX and Windows), and only
-when its bytes change.  Files in generated/ that the build no longer
-produces are deleted only if they carry the "Code generated" marker; any
-other file there is left alone and reported.
+a plan in two phases: first every new file's bytes go to a temporary file in
+its target's folder (``.<name>.<random>.tmp``); only when all of them are
+written are they moved into place with ``os.replace`` (atomic on POSIX and
+Windows), and then stale files are deleted.  Only files whose bytes change
+are written.  Files in generated/ that the build no longer produces are
+deleted only if they carry the "Code generated" marker; any other file there
+is left alone and reported.
+
+A file that cannot be read, written or deleted raises ``OutputError`` naming
+the path and the reason.  Before that, ``apply`` removes its temporary files
+and undoes the replacements and deletions it already made (their old bytes
+are in the plan), so generated/ is left as it was.  Temporary files a killed
+build left behind are recognised by their name (``TEMP_RE``): ``plan``
+ignores them and ``apply`` removes them.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .render import Rendered, is_generated
+
+# A temporary file of apply: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp".
+TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
+
+
+class OutputError(Exception):
+    """generated/ could not be read or written; the message names the path and the reason."""
 
 
 @dataclass(frozen=True)
@@ -34,20 +51,61 @@ class Plan:
     changes: tuple[Change, ...]  # sorted by path
     unchanged: tuple[str, ...]
     foreign: tuple[str, ...]  # files in generated/ without the marker, left alone
+    leftovers: tuple[str, ...] = ()  # temporary files of an earlier, killed build
 
     @property
     def stale(self) -> bool:
         return bool(self.changes)
 
 
+def _show(out_dir: Path, rel: str) -> str:
+    return f"{out_dir.name}/{rel}"
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
 def _existing(out_dir: Path) -> dict[str, Path]:
+    """Files below out_dir, by path relative to it; dot-files (temporary files) are not listed."""
     found = {}
-    if out_dir.is_dir():
+    try:
+        if not out_dir.is_dir():
+            return found
         for path in sorted(out_dir.rglob("*")):
             rel = path.relative_to(out_dir).as_posix()
             if path.is_file() and "__pycache__" not in path.parts and not path.name.startswith("."):
                 found[rel] = path
+    except OSError as exc:
+        raise OutputError(f"cannot list {out_dir.name}/: {_reason(exc)}") from None
     return found
+
+
+def _leftovers(out_dir: Path, rendered: Rendered) -> tuple[str, ...]:
+    """Temporary files of apply, for files this build writes, that an earlier build left."""
+    found = []
+    folders = sorted({(out_dir / rel).parent for rel in rendered.files})
+    try:
+        for folder in folders:
+            if not folder.is_dir():
+                continue
+            for path in sorted(folder.iterdir()):
+                match = TEMP_RE.match(path.name)
+                if match is None:
+                    continue
+                target = (folder / match["target"]).relative_to(out_dir).as_posix()
+                if target in rendered.files and path.is_file():
+                    found.append(path.relative_to(out_dir).as_posix())
+    except OSError as exc:
+        raise OutputError(f"cannot list {out_dir.name}/: {_reason(exc)}") from None
+    return tuple(found)
+
+
+def _read(path: Path, out_dir: Path, rel: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise OutputError(f"cannot read {_show(out_dir, rel)}: {_reason(exc)}") from None
 
 
 def plan(rendered: Rendered, out_dir: Path) -> Plan:
@@ -60,7 +118,7 @@ def plan(rendered: Rendered, out_dir: Path) -> Plan:
         if path is None:
             changes.append(Change(rel, "create", None, generated.content()))
             continue
-        old = path.read_bytes()
+        old = _read(path, out_dir, rel)
         # The stamp decides without formatting; anything else is compared byte for byte.
         if generated.is_current(old) or old == generated.content():
             unchanged.append(rel)
@@ -69,29 +127,85 @@ def plan(rendered: Rendered, out_dir: Path) -> Plan:
     for rel, path in existing.items():
         if rel in rendered.files:
             continue
-        old = path.read_bytes()
+        old = _read(path, out_dir, rel)
         if is_generated(old.decode("utf-8", errors="replace")):
             changes.append(Change(rel, "delete", old, None))
         else:
             foreign.append(rel)
     changes.sort(key=lambda c: c.path)
-    return Plan(out_dir, tuple(changes), tuple(unchanged), tuple(foreign))
+    return Plan(out_dir, tuple(changes), tuple(unchanged), tuple(foreign), _leftovers(out_dir, rendered))
 
 
 def apply(p: Plan) -> None:
-    """Perform a plan.  Every new file's bytes already exist in memory."""
-    p.out_dir.mkdir(parents=True, exist_ok=True)
-    for change in p.changes:
-        target = p.out_dir / change.path
-        if change.kind == "delete":
-            target.unlink()
-            continue
-        assert change.new is not None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(target, change.new)
+    """Perform a plan (every new file's bytes already exist in memory): all or nothing.
+
+    Raises OutputError after restoring generated/ when a file cannot be written or deleted.
+    """
+    writes = [c for c in p.changes if c.kind != "delete"]
+    deletes = [c for c in p.changes if c.kind == "delete"]
+    staged: list[tuple[str, Change]] = []  # (temporary file, change)
+    done: list[Change] = []  # changes already on disk, in order
+    what, rel = "create the folder", p.out_dir.name + "/"  # the step under way, for the message
+    try:
+        p.out_dir.mkdir(parents=True, exist_ok=True)
+        # Phase 1: every file's bytes in a temporary file next to it.
+        for change in writes:
+            assert change.new is not None
+            rel = _show(p.out_dir, change.path)
+            target = p.out_dir / change.path
+            what = "create the folder of"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_dir() or (target.exists() and not target.is_file()):
+                raise OutputError(f"cannot write {rel}: it exists and is not a file; {p.out_dir.name}/ was not changed")
+            what = "write a temporary file for"
+            staged.append((_write_temp(target, change.new), change))
+        # Phase 2: move them all into place, then delete stale files.
+        what = "replace"
+        for tmp, change in staged:
+            rel = _show(p.out_dir, change.path)
+            os.replace(tmp, p.out_dir / change.path)
+            done.append(change)
+        what = "delete"
+        for change in deletes:
+            rel = _show(p.out_dir, change.path)
+            (p.out_dir / change.path).unlink()
+            done.append(change)
+    except (OSError, OutputError) as exc:
+        for tmp, _change in staged:
+            _remove(tmp)
+        if isinstance(exc, OutputError):
+            raise
+        not_restored = _undo(p.out_dir, done)
+        if not_restored:
+            state = f"could not restore {', '.join(_show(p.out_dir, c) for c in not_restored)}"
+        else:
+            state = f"{p.out_dir.name}/ was not changed"
+        raise OutputError(f"cannot {what} {rel}: {_reason(exc)}; {state}") from None
+    for leftover in p.leftovers:
+        _remove(str(p.out_dir / leftover))
 
 
-def _atomic_write(target: Path, data: bytes) -> None:
+def _undo(out_dir: Path, done: list[Change]) -> list[str]:
+    """Put back what apply already changed, newest first; the paths it could not restore."""
+    failed = []
+    for change in reversed(done):
+        target = out_dir / change.path
+        tmp = None
+        try:
+            if change.old is None:
+                target.unlink()
+            else:
+                tmp = _write_temp(target, change.old)
+                os.replace(tmp, target)
+        except OSError:
+            failed.append(change.path)
+            if tmp is not None:
+                _remove(tmp)
+    return sorted(failed)
+
+
+def _write_temp(target: Path, data: bytes) -> str:
+    """A temporary file next to ``target`` holding ``data`` (synced), named as TEMP_RE says."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -99,11 +213,17 @@ def _atomic_write(target: Path, data: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
+    return tmp
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def diff(change: Change, prefix: str) -> str:

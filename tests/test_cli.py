@@ -1,11 +1,14 @@
 """build / check / show: exit codes, diffs, what is written and what is left alone."""
 
+import ast
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from codegen.render import is_generated
+from codegen import write
+from codegen.render import NEEDS, is_generated
 
 from conftest import REPO, run_cli, snapshot
 
@@ -166,3 +169,109 @@ def test_hand_edit_that_keeps_the_stamp_is_still_stale(project):
     path.write_text("".join(lines).replace("copy_block_size=256", "copy_block_size=128", 1))
     result = run_cli("--root", str(project), "check")
     assert result.code == 1 and "+    copy_block_size=256," in result.out
+
+
+def _temp_files(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_build_writes_nothing_when_a_target_is_a_directory(project):
+    """Every file is staged before any is replaced: a target that cannot be written stops the
+    build with one line naming it, before dispatch.py (stale too) is touched."""
+    gen = project / "generated"
+    (gen / "dispatch.py").write_text((gen / "dispatch.py").read_text() + "# local edit\n")
+    (gen / "transform.py").unlink()
+    (gen / "transform.py").mkdir()
+    before = snapshot(gen)
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2, result
+    assert result.err == (
+        "codegen: cannot write generated/transform.py: it exists and is not a file; generated/ was not changed\n"
+    )
+    assert snapshot(gen) == before
+    assert _temp_files(gen) == []
+
+
+def test_build_puts_back_what_it_replaced_when_a_later_replace_fails(project, monkeypatch):
+    gen = project / "generated"
+    for name in ("__init__.py", "dispatch.py"):  # both stale; __init__.py is replaced first
+        (gen / name).write_text((gen / name).read_text() + "# local edit\n")
+    before = {rel: data for rel, (data, _mtime) in snapshot(gen).items()}
+    real = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == "dispatch.py":
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(write.os, "replace", replace)
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2, result
+    assert "Traceback" not in result.err
+    assert result.err == (
+        "codegen: cannot replace generated/dispatch.py: No space left on device; generated/ was not changed\n"
+    )
+    assert {rel: data for rel, (data, _mtime) in snapshot(gen).items()} == before
+    assert _temp_files(gen) == []
+
+
+def test_an_unreadable_generated_file_is_a_clean_error(project, monkeypatch):
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        if self.name == "dispatch.py" and self.parent.name == "generated":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    for command in ("check", "build"):
+        result = run_cli("--root", str(project), command)
+        assert result.code == 2, result
+        assert result.err == "codegen: cannot read generated/dispatch.py: Permission denied\n"
+        assert result.out == ""
+
+
+def test_leftover_temporary_files_are_ignored_by_check_and_removed_by_build(project):
+    """A build killed between writing and replacing leaves .<name>.<random>.tmp files."""
+    gen = project / "generated"
+    leftover = gen / ".dispatch.py.k3j_9x2a.tmp"
+    leftover.write_text("half a file")
+    other = gen / ".notes.txt.k3j_9x2a.tmp"  # not a temporary file of a file build writes
+    other.write_text("someone else's")
+    assert write.TEMP_RE.match(leftover.name)
+    result = run_cli("--root", str(project), "check")
+    assert result.code == 0 and "up to date" in result.out, result
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 0
+    assert "removed leftover temporary file generated/.dispatch.py.k3j_9x2a.tmp" in result.out
+    assert not leftover.exists() and other.exists()
+
+
+def test_needs_name_what_the_generated_modules_look_up():
+    """render.NEEDS, checked before rendering, lists every dispatch name and launch-record field
+    the generated kernel modules read, and the matmul variants matmul.py selects by dtype."""
+    needs = {n.module: n for n in NEEDS}
+
+    def parse(module):
+        return ast.parse((REPO / "generated" / module).read_text())
+
+    for module in ("transform.py", "cache.py"):
+        looked_up = {
+            node.args[0].value
+            for node in ast.walk(parse(module))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dispatch_kernel_config"
+        }
+        assert looked_up == set(needs[module].names), module
+    for module in ("transform.py", "cache.py", "_launch.py"):
+        read = {
+            node.attr
+            for node in ast.walk(parse(module))
+            if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "cfg"
+        }
+        assert read <= set(needs["transform.py"].fields) & set(needs["cache.py"].fields), module
+    (table,) = [
+        node.value
+        for node in ast.walk(parse("matmul.py"))
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "_VARIANT_OF_DTYPE"
+    ]
+    assert {v.value for v in table.values} == set(needs["matmul.py"].names)

@@ -165,6 +165,98 @@ CASES = [
         ],
         None,
     ),
+    (
+        # Docs and notes are printed into generated comments and docstrings as they are.
+        "field doc with a line break (code after it would run at import)",
+        "specs/kernels/transform.toml",
+        'doc = "Threads per warp." }',
+        'doc = "Threads per warp.\\n    INJECTED = print(1)" }',
+        [
+            "transform_launch.fields.warp_size.doc: must be one line of printable text (it has a line break)",
+            "(got 'Threads per warp.\\n    INJECTED = print(1)')",
+        ],
+        "INJECTED",
+    ),
+    (
+        "record doc with triple quotes",
+        "specs/kernels/cache.toml",
+        'doc = "Config for KV cache operations',
+        'doc = "Config \\"\\"\\" for KV cache operations',
+        ["specs/kernels/cache.toml:", 'cache.doc: must not contain """'],
+        'doc = "Config \\"',
+    ),
+    (
+        "bucket note with a line break",
+        "specs/kernels/matmul.toml",
+        "[[matmul.policy.bucket]]\n",
+        '[[matmul.policy.bucket]]\nnote = "fast\\n_X = print(1)"\n',
+        ["specs/kernels/matmul.toml:", "matmul.policy[0].bucket[0].note: must be one line of printable text"],
+        "_X = print(1)",
+    ),
+    (
+        "record named None",
+        "specs/kernels/cache.toml",
+        'record = "CacheConfig"',
+        'record = "None"',
+        ["cache.record: 'None' is a Python keyword", "(got 'None')"],
+        'record = "None"',
+    ),
+    (
+        "field named a keyword",
+        "specs/kernels/cache.toml",
+        "copy_block_size = { type",
+        "class = { type",
+        ["specs/kernels/cache.toml:", "cache.fields.class: 'class' is a Python keyword", "(got 'class')"],
+        "class = { type",
+    ),
+    (
+        "record named like a class of the dispatch module",
+        "specs/kernels/cache.toml",
+        'record = "CacheConfig"',
+        'record = "HardwareCapability"',
+        [
+            "cache.record: record name is a name generated/dispatch.py defines or uses itself",
+            "(got 'HardwareCapability')",
+        ],
+        'record = "HardwareCapability"',
+    ),
+    (
+        "nan literal",
+        "specs/kernels/cache.toml",
+        "copy_blocks = { tile_divisor = 2 }",
+        "copy_blocks = { tile_divisor = nan }",
+        ["cache_launch.variants.copy_blocks.tile_divisor: nan and inf are not allowed", "(got nan)"],
+        "tile_divisor = nan",
+    ),
+    (
+        # Rules see the same hw attributes at load and at resolve: the display name is not one.
+        "rule reads hw.display_name",
+        "specs/kernels/transform.toml",
+        'bytes_in_flight = { expr = "hw.bytes_in_flight" }',
+        'bytes_in_flight = { expr = "hw.display_name" }',
+        ["transform.base.bytes_in_flight.expr: 'hw.display_name' is not a hardware attribute"],
+        "hw.display_name",
+    ),
+    (
+        "rule nested too deeply",
+        "specs/kernels/transform.toml",
+        'bytes_in_flight = { expr = "hw.bytes_in_flight" }',
+        'bytes_in_flight = { expr = "' + "-" * 5000 + 'hw.bytes_in_flight" }',
+        ["transform.base.bytes_in_flight.expr: invalid rule: expression too deeply nested"],
+        "-----",
+    ),
+    (
+        # generated/cache.py looks copy_blocks up at run time.
+        "variant a generated module needs is missing",
+        "specs/kernels/cache.toml",
+        "copy_blocks = { tile_divisor = 2 }",
+        "copy_blockz = { tile_divisor = 2 }",
+        [
+            "specs/kernels/cache.toml:",
+            "cache_launch.variants: variant 'copy_blocks' is missing: generated/cache.py looks it up",
+        ],
+        "copy_blockz",
+    ),
 ]
 
 
@@ -313,3 +405,84 @@ def test_a_second_definition_of_a_config_is_reported_and_not_used(project):
         result.err,
     )
     assert "specs/kernels/aa.toml:4: transform_launch.fields: Input should be a valid dictionary" in result.err
+
+
+def test_a_missing_config_is_an_error_naming_the_file_that_should_define_it(project):
+    """The generated kernel modules look their launch records up by name: a spec tree without
+    them fails the build instead of building modules that raise KeyError when called."""
+    cache = project / "specs/kernels/cache.toml"
+    text = cache.read_text()
+    cache.write_text(text[: text.index("[cache_launch]")])
+    before = snapshot(project / "generated")
+    for command in ("build", "check"):
+        result = run_cli("--root", str(project), command)
+        assert result.code == 2 and "Traceback" not in result.err, result
+        assert "1 problem" in result.err
+        assert (
+            "specs/kernels/cache.toml: cache_launch: config is missing: generated/cache.py needs it "
+            "(variants reshape_and_cache, copy_blocks); define [cache_launch] in specs/kernels/cache.toml"
+        ) in result.err
+    for path in (project / "specs/kernels").glob("*.toml"):
+        path.unlink()
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2 and "3 problems" in result.err, result
+    for config, file in (
+        ("transform_launch", "transform"),
+        ("cache_launch", "cache"),
+        ("matmul", "matmul"),
+    ):
+        assert f"specs/kernels/{file}.toml: {config}: config is missing: generated/{file}.py needs it" in result.err
+    assert snapshot(project / "generated") == before
+
+
+@pytest.mark.parametrize("record", ["HARDWARE", "KeyError", "Optional", "VENDORS"])
+def test_a_record_may_not_take_a_name_the_dispatch_module_uses(project, record):
+    """A class of that name in generated/dispatch.py would replace the module's own (or a
+    builtin it raises), and the module would break when used."""
+    edit(project / "specs/kernels/cache.toml", 'record = "CacheConfig"', f'record = "{record}"')
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2, result
+    assert "cache.record: record name is a name generated/dispatch.py defines or uses itself" in result.err
+    assert f"(got '{record}')" in result.err
+
+
+@pytest.mark.parametrize(
+    "case, data, fragment",
+    [
+        ("bom", b"\xef\xbb\xbf", "specs/kernels/moe.toml:1: <top level>: the file starts with a UTF-8 byte-order mark"),
+        (
+            "latin-1",
+            "# caf\u00e9\n".encode("latin-1"),
+            "specs/kernels/moe.toml:1: <top level>: not UTF-8 text: byte 0xe9",
+        ),
+    ],
+    ids=["byte-order mark", "latin-1"],
+)
+def test_a_spec_file_that_is_not_utf8_is_reported(project, case, data, fragment):
+    moe = project / "specs/kernels/moe.toml"
+    moe.write_bytes(data + moe.read_bytes())
+    before = snapshot(project / "generated")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2 and "Traceback" not in result.err, result
+    assert fragment in result.err
+    assert snapshot(project / "generated") == before
+
+
+def test_a_spec_file_or_folder_that_cannot_be_read_is_reported(project, monkeypatch):
+    (project / "specs/kernels/zz.toml").symlink_to(project / "nowhere.toml")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2 and "Traceback" not in result.err, result
+    assert "specs/kernels/zz.toml: <top level>: cannot read the file: No such file or directory" in result.err
+
+    (project / "specs/kernels/zz.toml").unlink()
+    real = Path.iterdir
+
+    def iterdir(self):
+        if self.name == "models":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    result = run_cli("--root", str(project), "check")
+    assert result.code == 2 and "Traceback" not in result.err, result
+    assert "specs/models: <top level>: cannot list the directory: Permission denied" in result.err

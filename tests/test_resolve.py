@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen import load, resolve
+from codegen import load, models, resolve
 from codegen.errors import SpecErrors
 
 from conftest import hw_toml, make_tree
@@ -217,6 +217,46 @@ def test_rule_result_type_is_checked(tmp_path):
     bad = policy("nvidia", 80, 16).replace("block = 16", 'block = { expr = "hw.sm_count / 3" }')
     with pytest.raises(SpecErrors, match="gave a float; the field is int"):
         resolve_tree(tmp_path, hardware, bad)
+
+
+RATIO_TILE = TILE.replace(
+    'stages = {{ type = "int"', 'ratio = {{ type = "float", doc = "a float field" }}\nstages = {{ type = "int"'
+)
+
+
+def test_a_float_field_must_be_finite(tmp_path):
+    """Generated Python has no literal for nan or inf: a literal is rejected at load, a rule
+    result (1e308 * 10 is inf) when resolved, both at the value's key."""
+    hardware = {"p80": hw_toml("nvidia", 80, optin=LARGE)}
+    with pytest.raises(SpecErrors) as exc:
+        resolve_tree(tmp_path, hardware, policy("nvidia", 80, 16) + "ratio = nan\n", RATIO_TILE)
+    (p,) = exc.value.problems
+    assert p.keypath == ("tile", "policy", 0, "ratio") and "nan and inf are not allowed" in p.rule
+    with pytest.raises(SpecErrors) as exc:
+        resolve_tree(tmp_path, hardware, policy("nvidia", 80, 16) + 'ratio = { expr = "1e308 * 10" }\n', RATIO_TILE)
+    (p,) = exc.value.problems
+    assert p.keypath == ("tile", "policy", 0, "ratio") and p.line is not None
+    assert "rule for 'ratio' gave inf; a field's value must be finite" in p.rule
+    _, values = by_target(resolve_tree(tmp_path, hardware, policy("nvidia", 80, 16) + "ratio = 0.5\n", RATIO_TILE))
+    assert values["p80"]["ratio"] == 0.5
+
+
+def test_rules_see_exactly_the_attributes_load_accepts(tmp_path):
+    """One definition of what ``hw.*`` and ``model.*`` hold: a rule reading anything else
+    (such as a display name) is rejected at load, with its key, rather than failing later."""
+    hardware = {"p80": hw_toml("nvidia", 80, optin=LARGE)}
+    make_tree(tmp_path, hardware, {"tile": TILE.format(policies=policy("nvidia", 80, 16))})
+    tree = load.load(tmp_path)
+    assert tuple(sorted(resolve.hw_namespace(tree.hardware[0]))) == models.HW_RULE_ATTRS
+    assert tuple(sorted(models.model_rule_namespace(tree.models["m"].spec))) == models.MODEL_RULE_ATTRS
+    for attr in ("hw.display_name", "model.display_name", "hw.device_names"):
+        bad = policy("nvidia", 80, 16).replace("block = 16", f'block = {{ expr = "16 if {attr} else 8" }}')
+        make_tree(tmp_path, hardware, {"tile": TILE.format(policies=bad)})
+        with pytest.raises(SpecErrors) as exc:
+            load.load(tmp_path)
+        (p,) = exc.value.problems
+        assert p.keypath == ("tile", "policy", 0, "block", "expr")
+        assert f"'{attr}' is not a" in p.rule
 
 
 def extends_tile(name: str, dtype_bytes: int) -> str:

@@ -68,3 +68,21 @@ def test_explain_failure_shows_both_sides():
 def test_division_by_zero_is_a_rule_error():
     with pytest.raises(rules.RuleError, match="failed"):
         rules.evaluate(rules.parse("block // (stages - 2)"), ENV)
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["-" * 5000 + "1", "+".join(["1"] * 1000), "-" * rules.MAX_DEPTH + "1"],
+    ids=["5000 unary minus", "1000-term sum", "just past the limit"],
+)
+def test_deeply_nested_expression_is_a_rule_error(source):
+    """Python's parser (or, past it, evaluation) would exceed the recursion limit."""
+    with pytest.raises(rules.RuleError, match="expression too deeply nested"):
+        rules.parse(source)
+
+
+def test_nesting_within_the_limit_parses_evaluates_and_explains():
+    assert rules.evaluate(rules.parse("-" * 90 + "1"), ENV) == 1
+    expr = rules.parse("+".join(["block"] * 40) + " >= hw.smem")
+    assert rules.evaluate(expr, ENV) is False
+    assert rules.explain_failure(expr, ENV).endswith(" = 2,560 < hw.smem = 49,152")
