@@ -226,7 +226,7 @@ def main() -> int:
     hw = dispatch.target_name(ARGS.hw)
     sm_count = dispatch.HARDWARE[hw].sm_count
     if not ARGS.cpu_smoke:
-        triton.set_allocator(mm._descriptor_scratch)  # the descriptor scratch the launcher installs
+        triton.set_allocator(mm._descriptor_scratch)  # the descriptor scratch the launcher sets per launch
     shapes = SMOKE_SHAPES if ARGS.cpu_smoke else list(CANDIDATES)
     if ARGS.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in ARGS.shapes]

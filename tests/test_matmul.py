@@ -436,6 +436,114 @@ def test_bad_out_raises():
         mm.matmul(a, b, out=torch.empty(4, 3, dtype=torch.float16), hw="h200")
 
 
+def test_autograd_calls_go_to_torch_matmul_or_raise():
+    """The kernels have no backward: matmul gives calls that need one to torch.matmul (so
+    gradients flow, on every bucket), matmul_triton refuses them; without grad mode both run."""
+    a, b = operands(33, 70, 20, torch.float32)
+    w = b.clone().requires_grad_()
+    got = mm.matmul(a, w, hw="bi_v100")  # every bi_v100 bucket is a Triton bucket
+    assert got.grad_fn is not None
+    got.sum().backward()
+    torch.testing.assert_close(w.grad, a.t() @ torch.ones(33, 70, device=DEVICE))
+    with pytest.raises(ValueError, match="matmul_triton: an input requires grad"):
+        mm.matmul_triton(a, w, hw="bi_v100")
+    with pytest.raises(ValueError, match="requires grad"):
+        mm.matmul_triton(a, b, out=torch.empty(33, 70, device=DEVICE, requires_grad=True), hw="bi_v100")
+    with torch.no_grad():
+        assert mm.matmul_triton(a, w, hw="bi_v100").grad_fn is None
+
+
+def test_a_write_to_out_bumps_its_version():
+    """Autograd learns of the kernel's write: a saved tensor aliasing out fails backward."""
+    a, b = operands(33, 70, 20, torch.float32)
+    out = torch.zeros(33, 70, device=DEVICE)
+    before = out._version
+    mm.matmul_triton(a, b, out=out, hw="bi_v100")
+    assert out._version > before
+
+
+def test_offsets_past_32_bits_go_to_torch_matmul_or_raise(monkeypatch):
+    """A 70x64 view with row stride 2**25 (a column slice of a 4.3 GiB tensor) has 4,480 elements
+    but offsets past 2**31: the kernels' 32-bit index arithmetic would wrap.  Meta tensors: no memory."""
+    monkeypatch.setattr(mm, "_INTERPRET", True)  # past the CUDA check, to the offset check
+    big = torch.empty(2**25 * 69 + 64, dtype=torch.float16, device="meta")
+    a = big.as_strided((70, 64), (2**25, 1))
+    b = torch.empty(64, 32, dtype=torch.float16, device="meta")
+    with pytest.raises(
+        ValueError, match=r"a \(70, 64\) with strides \(33554432, 1\) reaches element offset 2,315,255,871"
+    ):
+        mm.matmul_triton(a, b, hw="bi_v100")
+    assert mm.matmul(a, b, hw="bi_v100").shape == (70, 32)  # torch.matmul
+    small = torch.empty(2**24 * 69 + 64, dtype=torch.float16, device="meta").as_strided((70, 64), (2**24, 1))
+    assert mm._unservable(small, b, None) is None  # 1,157,627,967 fits
+
+
+def test_cpu_tensors_without_the_interpreter(monkeypatch):
+    """Compiled kernels need CUDA tensors: matmul falls back to torch.matmul, matmul_triton says so."""
+    monkeypatch.setattr(mm, "_INTERPRET", False)
+    a, b = torch.randn(33, 20), torch.randn(20, 70)
+    torch.testing.assert_close(mm.matmul(a, b, hw="bi_v100"), a @ b)
+    with pytest.raises(ValueError, match=r"need CUDA tensors \(got cpu; TRITON_INTERPRET=1"):
+        mm.matmul_triton(a, b, hw="bi_v100")
+
+
+def test_out_whose_elements_share_memory_is_rejected():
+    a, b = operands(5, 6, 7, torch.float16)
+    for out in (
+        torch.zeros(1, 6, dtype=torch.float16, device=DEVICE).expand(5, 6),  # stride 0
+        torch.zeros(40, dtype=torch.float16, device=DEVICE).as_strided((5, 6), (3, 1)),  # rows overlap
+    ):
+        for run in (mm.matmul, mm.matmul_triton):
+            with pytest.raises(ValueError, match="has elements that share memory"):
+                run(a, b, out=out, hw="h200")
+    # Transposed and row-strided outs do not overlap.
+    for out in (
+        torch.empty(6, 5, dtype=torch.float16, device=DEVICE).t(),
+        torch.empty(5, 9, dtype=torch.float16, device=DEVICE)[:, :6],
+    ):
+        assert mm.matmul_triton(a, b, out=out, hw="h200") is out
+
+
+def test_tma_launches_restore_the_callers_allocator():
+    """Triton reads its allocator from a context variable (per thread and asyncio task): each TMA
+    launch sets the descriptor scratch for its own duration, so a call from a new thread works and
+    the caller's allocator (here Triton's default) is left as it was."""
+    import threading
+
+    import triton.runtime._allocation as alloc
+
+    before = alloc._allocator.get()
+    a, b = operands(260, 1040, 64, torch.float16)
+    tma = mm.select(260, 1040, 64, dtype=torch.float16, hw="h200").triton
+    assert tma.kind == "tma_persistent"
+    out = torch.empty(260, 1040, dtype=torch.float16, device=DEVICE)
+    results = []
+
+    def call():
+        results.append(mm.matmul_triton(a, b, hw="h200"))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    mm.matmul_triton(a, b, out=out, hw="h200")
+    assert alloc._allocator.get() is before
+    assert len(results) == 1 and torch.equal(results[0], out)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_another_device_launch_there():
+    for name in ("small", "wide"):  # a grouped and a TMA kernel
+        shape = {"small": (64, 4096, 256), "wide": (520, 4096, 256)}[name]
+        a, b = (t.to("cuda:1") for t in operands(*shape, torch.float16))
+        assert mm.select(*shape, dtype=torch.float16, hw="h200").name == name
+        with torch.cuda.device(0):
+            got = mm.matmul_triton(a, b, hw="h200")
+        torch.cuda.synchronize(1)
+        assert got.device == a.device
+        ref = a.double().cpu() @ b.double().cpu()
+        assert ((got.double().cpu() - ref).norm() / ref.norm()).item() < TOL[torch.float16]
+
+
 def test_unknown_hardware_and_cpu_without_hw():
     a, b = torch.randn(4, 5), torch.randn(5, 3)
     with pytest.raises(KeyError, match="h300"):
