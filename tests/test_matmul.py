@@ -532,13 +532,23 @@ def test_tma_launches_restore_the_callers_allocator():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_tensors_on_another_device_launch_there():
+    """Operands on cuda:1 while cuda:0 is current: the kernel runs on cuda:1 (the profiler says
+    where; a launch on cuda:0 reaching cuda:1's memory over peer access would give the same values)."""
+    from torch.profiler import ProfilerActivity, profile
+
     for name in ("small", "wide"):  # a grouped and a TMA kernel
         shape = {"small": (64, 4096, 256), "wide": (520, 4096, 256)}[name]
         a, b = (t.to("cuda:1") for t in operands(*shape, torch.float16))
-        assert mm.select(*shape, dtype=torch.float16, hw="h200").name == name
-        with torch.cuda.device(0):
-            got = mm.matmul_triton(a, b, hw="h200")
-        torch.cuda.synchronize(1)
+        bucket = mm.select(*shape, dtype=torch.float16, hw="h200")
+        assert bucket.name == name
+        mm.matmul_triton(a, b, hw="h200")  # compiled outside the profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with torch.cuda.device(0):
+                got = mm.matmul_triton(a, b, hw="h200")
+            torch.cuda.synchronize(0)
+            torch.cuda.synchronize(1)
+        ran_on = {e.device_index for e in prof.events() if e.name == bucket.triton.name}
+        assert ran_on == {1}
         assert got.device == a.device
         ref = a.double().cpu() @ b.double().cpu()
         assert ((got.double().cpu() - ref).norm() / ref.norm()).item() < TOL[torch.float16]
