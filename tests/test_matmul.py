@@ -475,7 +475,7 @@ def test_offsets_past_32_bits_go_to_torch_matmul_or_raise(monkeypatch):
         mm.matmul_triton(a, b, hw="bi_v100")
     assert mm.matmul(a, b, hw="bi_v100").shape == (70, 32)  # torch.matmul
     small = torch.empty(2**24 * 69 + 64, dtype=torch.float16, device="meta").as_strided((70, 64), (2**24, 1))
-    assert mm._unservable(small, b, None) is None  # 1,157,627,967 fits
+    assert mm._unservable(small, b, None, 70, 32, 64) is None  # 1,157,627,967 fits
 
 
 def test_cpu_tensors_without_the_interpreter(monkeypatch):
