@@ -442,6 +442,8 @@ def test_bad_out_raises():
         mm.matmul(a, b, out=torch.empty(3, 4), hw="h200")
     with pytest.raises(TypeError, match="out must be torch.float32, got torch.float16"):
         mm.matmul(a, b, out=torch.empty(4, 3, dtype=torch.float16), hw="h200")
+    with pytest.raises(TypeError, match="out must be a tensor, got list"):
+        mm.matmul(a, b, out=[[0.0] * 3] * 4, hw="h200")
 
 
 def test_autograd_calls_go_to_torch_matmul_or_raise():
