@@ -61,6 +61,11 @@ def problem(file: str, keypath: KeyPath, rule: str, *, line: int | None = None, 
     )
 
 
+def os_reason(exc: OSError) -> str:
+    """The reason an OSError gives, without its errno and path (the message names the path)."""
+    return exc.strerror or str(exc)
+
+
 class SpecErrors(Exception):
     """Raised by a stage with every problem it found; never empty."""
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from pydantic import BaseModel, ValidationError
 
 from . import rules
-from .errors import KeyPath, SpecErrors, SpecProblem, format_keypath, problem
+from .errors import KeyPath, SpecErrors, SpecProblem, format_keypath, os_reason, problem
 from .models import (
     BOUND_RE,
     BUCKET_KEYS,
@@ -270,16 +270,12 @@ def load(root: Path) -> SpecTree:
     return SpecTree(root=root, hardware=hardware, models=models, configs=configs)
 
 
-def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
-
-
 def _listdir(folder: Path, rel: str, problems: list[SpecProblem]) -> list[Path] | None:
     """The entries of a spec folder, sorted; None (and a problem) when it cannot be listed."""
     try:
         return sorted(folder.iterdir())
     except OSError as exc:
-        problems.append(problem(rel, (), f"cannot list the directory: {_reason(exc)}"))
+        problems.append(problem(rel, (), f"cannot list the directory: {os_reason(exc)}"))
         return None
 
 
@@ -287,7 +283,7 @@ def _is_dir(path: Path, rel: str, problems: list[SpecProblem]) -> bool:
     try:
         return path.is_dir()
     except OSError as exc:  # e.g. a folder above it cannot be searched
-        problems.append(problem(rel, (), f"cannot read: {_reason(exc)}"))
+        problems.append(problem(rel, (), f"cannot read: {os_reason(exc)}"))
         return False
 
 
@@ -299,7 +295,7 @@ def _read_text(path: Path, rel: str, problems: list[SpecProblem]) -> str | None:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        problems.append(problem(rel, (), f"cannot read the file: {_reason(exc)}"))
+        problems.append(problem(rel, (), f"cannot read the file: {os_reason(exc)}"))
         return None
     if data.startswith(_BOM):
         problems.append(
@@ -825,7 +821,7 @@ def _load_bucket(
 
 
 def _check_note(note: Any, path: KeyPath, source: Source, problems: list[SpecProblem]) -> None:
-    """A policy's or bucket's note is printed into generated comments as it is."""
+    """A policy's or bucket's note: one line of text, like every doc (models.text_problem)."""
     if not isinstance(note, str):
         problems.append(source.problem(path, "must be a string", value=note))
         return

@@ -13,10 +13,11 @@ Rules every model here follows (in the spirit of torchgen/model.py):
   a tuning choice (literal, with a comment saying why) or a rule evaluated
   against each target by the resolver (see ``rules.py``).
 * Nothing here knows about files or lines; ``load.py`` attaches those.
-* Whatever the templates print as it is, not as a Python literal, is held to
-  what is safe there: a doc or note is one line of printable text without
-  backslashes or triple quotes (``DocText``), a record or field name is an
-  identifier and not a keyword.  Values are printed with ``repr``.
+* Whatever the templates print, not as a Python literal, is held to what is
+  safe there: a doc or note is one line without control characters
+  (``DocText``; render.py escapes backslashes and triple quotes where it
+  prints one), a record or field name is an identifier and not a keyword.
+  Values are printed with ``repr``.
 
 Three kinds of spec file:
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -59,18 +61,15 @@ PosInt = Annotated[StrictInt, Field(gt=0)]
 
 
 def text_problem(text: str) -> str | None:
-    """Why ``text`` cannot be copied into generated code as one line of a comment or a
-    docstring, or None when it can.  The templates print docs and notes as they are: a line
-    break would end the comment (and the rest run as code), a backslash or triple quote would
-    change or end a docstring."""
-    bad = next((ch for ch in text if not ch.isprintable()), None)
+    """Why ``text`` is not a valid doc or note, or None.  Docs and notes are one line of text
+    (any characters but line breaks and control characters; a tab is allowed): generated code
+    carries them as one-line comments and docstrings (render.py escapes backslashes and
+    triple quotes there), and a spec reads the same whether or not a note is printed."""
+    if len(text.splitlines()) > 1 or text.endswith(("\n", "\r")):
+        return "must be one line (it has a line break)"
+    bad = next((ch for ch in text if unicodedata.category(ch) == "Cc" and ch != "\t"), None)
     if bad is not None:
-        what = "a line break" if bad in "\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029" else f"the character {bad!r}"
-        return f"must be one line of printable text (it has {what}); it is copied into generated code"
-    if "\\" in text:
-        return "must not contain a backslash; it is copied into generated code as it is"
-    if '"""' in text:
-        return 'must not contain """ (three double quotes); it is copied into a generated docstring'
+        return f"must not contain control characters (it has {bad!r})"
     return None
 
 
@@ -327,7 +326,7 @@ class ConfigSpec(Spec):
     @field_validator("record")
     @classmethod
     def _record_not_keyword(cls, v: str) -> str:
-        if keyword.iskeyword(v) or keyword.issoftkeyword(v):
+        if keyword.iskeyword(v):
             raise ValueError(f"{v!r} is a Python keyword; a record name must be usable as a class name")
         return v
 

@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import os_reason
 from .render import Rendered, is_generated
 
 # A temporary file of apply: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp".
@@ -62,10 +63,6 @@ def _show(out_dir: Path, rel: str) -> str:
     return f"{out_dir.name}/{rel}"
 
 
-def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
-
-
 def _existing(out_dir: Path) -> dict[str, Path]:
     """Files below out_dir, by path relative to it; dot-files (temporary files) are not listed."""
     found = {}
@@ -77,7 +74,7 @@ def _existing(out_dir: Path) -> dict[str, Path]:
             if path.is_file() and "__pycache__" not in path.parts and not path.name.startswith("."):
                 found[rel] = path
     except OSError as exc:
-        raise OutputError(f"cannot list {out_dir.name}/: {_reason(exc)}") from None
+        raise OutputError(f"cannot list {out_dir.name}/: {os_reason(exc)}") from None
     return found
 
 
@@ -97,7 +94,7 @@ def _leftovers(out_dir: Path, rendered: Rendered) -> tuple[str, ...]:
                 if target in rendered.files and path.is_file():
                     found.append(path.relative_to(out_dir).as_posix())
     except OSError as exc:
-        raise OutputError(f"cannot list {out_dir.name}/: {_reason(exc)}") from None
+        raise OutputError(f"cannot list {out_dir.name}/: {os_reason(exc)}") from None
     return tuple(found)
 
 
@@ -105,7 +102,7 @@ def _read(path: Path, out_dir: Path, rel: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise OutputError(f"cannot read {_show(out_dir, rel)}: {_reason(exc)}") from None
+        raise OutputError(f"cannot read {_show(out_dir, rel)}: {os_reason(exc)}") from None
 
 
 def plan(rendered: Rendered, out_dir: Path) -> Plan:
@@ -170,17 +167,19 @@ def apply(p: Plan) -> None:
             rel = _show(p.out_dir, change.path)
             (p.out_dir / change.path).unlink()
             done.append(change)
-    except (OSError, OutputError) as exc:
+    except BaseException as exc:  # also KeyboardInterrupt: put generated/ back, then re-raise
         for tmp, _change in staged:
             _remove(tmp)
         if isinstance(exc, OutputError):
             raise
         not_restored = _undo(p.out_dir, done)
+        if not isinstance(exc, OSError):
+            raise
         if not_restored:
             state = f"could not restore {', '.join(_show(p.out_dir, c) for c in not_restored)}"
         else:
             state = f"{p.out_dir.name}/ was not changed"
-        raise OutputError(f"cannot {what} {rel}: {_reason(exc)}; {state}") from None
+        raise OutputError(f"cannot {what} {rel}: {os_reason(exc)}; {state}") from None
     for leftover in p.leftovers:
         _remove(str(p.out_dir / leftover))
 

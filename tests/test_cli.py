@@ -131,6 +131,26 @@ def test_console_entry_point_runs_check():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_docs_with_quotes_backslashes_and_unusual_spaces_build_into_importable_code(project):
+    """A doc or note is any one line of text: triple quotes and backslashes are escaped where
+    generated code prints them, non-ASCII and no-break spaces and tabs are kept."""
+    value = 'Say """hi""" to C:\\path\\n, 5\u00a0\u00b5s \u00d7 2\tend.'
+    toml = value.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t")
+    cache = project / "specs" / "kernels" / "cache.toml"
+    old = 'doc = "Config for KV cache operations'
+    assert cache.read_text().count(old) == 1
+    cache.write_text(cache.read_text().replace(old, f'doc = "{toml} Config for KV cache operations'))
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 0, result.err
+    env = dict(os.environ, PYTHONPATH=str(project))
+    probe = "import generated.dispatch as d; print(repr(d.CacheConfig.__doc__.splitlines()[0]))"
+    run = subprocess.run(
+        [sys.executable, "-c", probe], cwd=project, env=env, capture_output=True, text=True, check=True
+    )
+    shown = run.stdout
+    assert ast.literal_eval(shown).startswith(value + " Config for KV cache operations")
+
+
 def test_determinism_across_hash_seeds(tmp_path):
     outputs = []
     for seed in ("0", "12345"):
