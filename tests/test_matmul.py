@@ -486,6 +486,11 @@ def test_offsets_past_32_bits_go_to_torch_matmul_or_raise(monkeypatch):
     assert mm.matmul(a, b, hw="bi_v100").shape == (70, 32)  # torch.matmul
     small = torch.empty(2**24 * 69 + 64, dtype=torch.float16, device="meta").as_strided((70, 64), (2**24, 1))
     assert mm._unservable(small, b, None, 70, 32, 64) is None  # 1,157,627,967 fits
+    # The result the launcher allocates counts too: 46,341 x 46,341 reaches 2,147,488,280.
+    a, b = (torch.empty(shape, dtype=torch.float16, device="meta") for shape in ((46341, 16), (16, 46341)))
+    with pytest.raises(ValueError, match=r"the result \(46341, 46341\) reaches element offset 2,147,488,280"):
+        mm.matmul_triton(a, b, hw="bi_v100")
+    assert mm._unservable(a[:46340], b[:, :46340], None, 46340, 46340, 16) is None
 
 
 def test_cpu_tensors_without_the_interpreter(monkeypatch):
@@ -506,15 +511,19 @@ def test_out_whose_elements_share_memory_is_rejected():
         for run in (mm.matmul, mm.matmul_triton):
             with pytest.raises(ValueError, match="has elements that share memory"):
                 run(a, b, out=out, hw="h200")
-    # Transposed and row-strided outs do not overlap.
+    # Transposed, row-strided and interleaved outs do not overlap (strides (1, 11): 5 x 6
+    # elements at 55 distinct addresses of 60).
+    ref = (a.double() @ b.double()).to(torch.float16)
     for out in (
         torch.empty(6, 5, dtype=torch.float16, device=DEVICE).t(),
         torch.empty(5, 9, dtype=torch.float16, device=DEVICE)[:, :6],
+        torch.empty(60, dtype=torch.float16, device=DEVICE).as_strided((5, 6), (1, 11)),
     ):
         assert mm.matmul_triton(a, b, out=out, hw="h200") is out
+        torch.testing.assert_close(out, ref, rtol=TOL[torch.float16], atol=TOL[torch.float16])
 
 
-def test_tma_launches_restore_the_callers_allocator():
+def test_tma_launches_restore_the_callers_allocator(monkeypatch):
     """Triton reads its allocator from a context variable (per thread and asyncio task): each TMA
     launch sets the descriptor scratch for its own duration, so a call from a new thread works and
     the caller's allocator (here Triton's default) is left as it was."""
@@ -522,6 +531,20 @@ def test_tma_launches_restore_the_callers_allocator():
 
     import triton.runtime._allocation as alloc
 
+    class Spy:  # records, per thread, what each launch sets and that it resets
+        def __init__(self, real):
+            self.real, self.calls = real, []
+
+        def set(self, value):
+            self.calls.append((threading.get_ident(), "set", value))
+            return self.real.set(value)
+
+        def reset(self, token):
+            self.calls.append((threading.get_ident(), "reset", self.real.get()))
+            self.real.reset(token)
+
+    spy = Spy(mm._ALLOCATOR)
+    monkeypatch.setattr(mm, "_ALLOCATOR", spy)
     before = alloc._allocator.get()
     a, b = operands(260, 1040, 64, torch.float16)
     tma = mm.select(260, 1040, 64, dtype=torch.float16, hw="h200").triton
@@ -538,6 +561,14 @@ def test_tma_launches_restore_the_callers_allocator():
     mm.matmul_triton(a, b, out=out, hw="h200")
     assert alloc._allocator.get() is before
     assert len(results) == 1 and torch.equal(results[0], out)
+    scratch = mm._descriptor_scratch
+    threads = [call[0] for call in spy.calls]
+    assert len(set(threads)) == 2 and spy.calls == [
+        (threads[0], "set", scratch),
+        (threads[0], "reset", scratch),  # still ours when the launch ended
+        (threads[2], "set", scratch),
+        (threads[2], "reset", scratch),
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
