@@ -65,7 +65,7 @@ def text_problem(text: str) -> str | None:
     (any characters but line breaks and control characters; a tab is allowed): generated code
     carries them as one-line comments and docstrings (render.py escapes backslashes and
     triple quotes there), and a spec reads the same whether or not a note is printed."""
-    if len(text.splitlines()) > 1 or text.endswith(("\n", "\r")):
+    if len((text + "x").splitlines()) > 1:  # also a trailing break, \u2028 and \u2029 included
         return "must be one line (it has a line break)"
     bad = next((ch for ch in text if unicodedata.category(ch) == "Cc" and ch != "\t"), None)
     if bad is not None:

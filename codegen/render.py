@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -170,9 +171,14 @@ def format_python(text: str, name: str) -> str:
 
 
 def comment_text(text: str) -> str:
-    """``text`` safe to print after ``#``: one line (line breaks and other control characters
-    are shown as escapes).  load.py admits only such text; this is the second line of defence."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    """``text`` safe to print after ``#``: line breaks and control characters other than tab are
+    shown as escapes, everything else as it is.  load.py admits no such characters
+    (models.text_problem); this is the second line of defence."""
+    return "".join(repr(ch)[1:-1] if _breaks_a_line(ch) else ch for ch in text)
+
+
+def _breaks_a_line(ch: str) -> bool:
+    return len((ch + "x").splitlines()) > 1 or (unicodedata.category(ch) == "Cc" and ch != "\t")
 
 
 def docstring_text(text: str) -> str:

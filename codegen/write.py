@@ -142,6 +142,7 @@ def apply(p: Plan) -> None:
     deletes = [c for c in p.changes if c.kind == "delete"]
     staged: list[tuple[str, Change]] = []  # (temporary file, change)
     done: list[Change] = []  # changes already on disk, in order
+    pending: tuple[Change, str | None] | None = None  # the phase-2 step under way
     what, rel = "create the folder", p.out_dir.name + "/"  # the step under way, for the message
     try:
         p.out_dir.mkdir(parents=True, exist_ok=True)
@@ -160,20 +161,31 @@ def apply(p: Plan) -> None:
         what = "replace"
         for tmp, change in staged:
             rel = _show(p.out_dir, change.path)
+            pending = (change, tmp)  # an interrupt may surface after the rename itself is done
             os.replace(tmp, p.out_dir / change.path)
             done.append(change)
+            pending = None
         what = "delete"
         for change in deletes:
             rel = _show(p.out_dir, change.path)
+            pending = (change, None)
             (p.out_dir / change.path).unlink()
             done.append(change)
+            pending = None
     except BaseException as exc:  # also KeyboardInterrupt: put generated/ back, then re-raise
+        if pending is not None and pending[0] not in done:
+            change, tmp = pending
+            # Did the step happen although it raised?  Its temporary file is gone / its target is.
+            if not os.path.lexists(tmp if tmp is not None else p.out_dir / change.path):
+                done.append(change)
         for tmp, _change in staged:
             _remove(tmp)
         if isinstance(exc, OutputError):
             raise
         not_restored = _undo(p.out_dir, done)
         if not isinstance(exc, OSError):
+            if not_restored:
+                exc.add_note(f"could not restore {', '.join(_show(p.out_dir, c) for c in not_restored)}")
             raise
         if not_restored:
             state = f"could not restore {', '.join(_show(p.out_dir, c) for c in not_restored)}"

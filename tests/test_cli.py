@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from codegen import write
 from codegen.render import NEEDS, is_generated
 
@@ -138,10 +140,17 @@ def test_docs_with_quotes_backslashes_and_unusual_spaces_build_into_importable_c
     toml = value.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t")
     cache = project / "specs" / "kernels" / "cache.toml"
     old = 'doc = "Config for KV cache operations'
-    assert cache.read_text().count(old) == 1
-    cache.write_text(cache.read_text().replace(old, f'doc = "{toml} Config for KV cache operations'))
+    field = 'doc = "Threads per block of the cache copy kernels."'
+    assert cache.read_text().count(old) == 1 and cache.read_text().count(field) == 1
+    src = cache.read_text().replace(old, f'doc = "{toml} Config for KV cache operations')
+    cache.write_text(src.replace(field, 'doc = "Threads\\tper\u00a0block \\"\\"\\" C:\\\\x."'))
     result = run_cli("--root", str(project), "build")
     assert result.code == 0, result.err
+    # A field doc is a comment: printed as it is, tab and no-break space included.
+    assert (
+        '    # Threads\tper\u00a0block """ C:\\x.\n    copy_block_size: int'
+        in (project / "generated" / "dispatch.py").read_text()
+    )
     env = dict(os.environ, PYTHONPATH=str(project))
     probe = "import generated.dispatch as d; print(repr(d.CacheConfig.__doc__.splitlines()[0]))"
     run = subprocess.run(
@@ -210,6 +219,38 @@ def test_build_writes_nothing_when_a_target_is_a_directory(project):
     )
     assert snapshot(gen) == before
     assert _temp_files(gen) == []
+
+
+@pytest.mark.parametrize("step", ["replace", "delete"])
+def test_an_interrupted_build_puts_back_even_the_step_it_was_in(tmp_path, monkeypatch, step):
+    """Ctrl-C while a rename or unlink runs surfaces as the call returns, after the step is done:
+    apply must count that step as done when it puts generated/ back, then re-raise."""
+    import signal
+
+    out = tmp_path / "generated"
+    out.mkdir()
+    (out / "a.py").write_bytes(b"old a\n")
+    (out / "b.py").write_bytes(b"old b\n")
+    changes = (write.Change("a.py", "update", b"old a\n", b"new a\n"), write.Change("b.py", "delete", b"old b\n", None))
+    plan = write.Plan(out, changes, (), (), ())
+    real_replace, real_unlink = os.replace, Path.unlink
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        if step == "replace":
+            signal.raise_signal(signal.SIGINT)
+
+    def unlink(self, missing_ok=False):
+        real_unlink(self, missing_ok)
+        if step == "delete":
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(write.os, "replace", replace)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(KeyboardInterrupt):
+        write.apply(plan)
+    monkeypatch.undo()
+    assert {f.name: f.read_bytes() for f in sorted(out.iterdir())} == {"a.py": b"old a\n", "b.py": b"old b\n"}
 
 
 def test_build_puts_back_what_it_replaced_when_a_later_replace_fails(project, monkeypatch):

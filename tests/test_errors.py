@@ -486,3 +486,24 @@ def test_a_spec_file_or_folder_that_cannot_be_read_is_reported(project, monkeypa
     result = run_cli("--root", str(project), "check")
     assert result.code == 2 and "Traceback" not in result.err, result
     assert "specs/models: <top level>: cannot list the directory: Permission denied" in result.err
+
+
+# Every character str.splitlines() breaks on, and control characters other than tab.
+LINE_BREAKS = ["\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+@pytest.mark.parametrize("brk", LINE_BREAKS, ids=[repr(b) for b in LINE_BREAKS])
+@pytest.mark.parametrize("where", ["start", "middle", "end"])
+def test_a_doc_may_not_break_a_line_anywhere(brk, where):
+    from codegen.models import text_problem
+
+    text = {"start": brk + "doc", "middle": "do" + brk + "c", "end": "doc" + brk}[where]
+    assert text_problem(text) == "must be one line (it has a line break)"
+
+
+def test_a_doc_is_any_other_line_of_text():
+    from codegen.models import text_problem
+
+    for text in ['say """hi"""', "C:\\path\\n", "tab\there", "5\u00a0\u00b5s \u00d7 2", "# x", "{{ x }}", ""]:
+        assert text_problem(text) is None, text
+    assert text_problem("bell\x07") == "must not contain control characters (it has '\\x07')"
