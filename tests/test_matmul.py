@@ -522,6 +522,10 @@ def test_out_whose_elements_share_memory_is_rejected():
     ):
         assert mm.matmul_triton(a, b, out=out, hw="h200") is out
         torch.testing.assert_close(out, ref, rtol=TOL[torch.float16], atol=TOL[torch.float16])
+    # An empty out shares nothing, whatever its strides (torch.matmul accepts it too).
+    a0 = torch.empty(0, 7, dtype=torch.float16, device=DEVICE)
+    empty = torch.empty(0, 1, dtype=torch.float16, device=DEVICE).expand(0, 6)
+    assert mm.matmul_triton(a0, b, out=empty, hw="h200") is empty
 
 
 def test_tma_launches_restore_the_callers_allocator(monkeypatch):

@@ -401,7 +401,7 @@ def test_rotary_errors():
         T.rotary_embedding(pos, q, None, cs.long(), 64, True, hw="h200")
     with pytest.raises(ValueError, match=r"cos_sin_cache must be 2-D"):
         T.rotary_embedding(pos, q, None, cs[0], 64, True, hw="h200")
-    for bad in (64.5, float("inf"), float("nan"), "64", None):
+    for bad in (64.5, float("inf"), float("nan"), "64", None, True):
         with pytest.raises(ValueError, match=f"head_size must be a positive integer, got {bad!r}"):
             T.rotary_embedding(pos, q, None, cs, bad, True, hw="h200")
     # Rows that overlap (row stride 64 < 4 heads x 64) would be rotated more than once.
