@@ -9,7 +9,10 @@ For each shape (bf16): TFLOP/s of
   (b) matmul_triton   the bucket's generated Triton kernel, no library fallback
   (c) torch.matmul    cuBLAS
   (d) autotune        triton.autotune over the same candidate configs (the target's bucket
-                      configs, run by the plain grouped pointer kernel, as the seed does)
+                      configs, run by the plain grouped pointer kernel, as the seed does; M not
+                      specialized on, as in the generated kernels)
+  and a control: torch.matmul against itself, whose spread is the measurement's noise,
+each first checked into a NaN-filled output (relative error < 1e-2, else exit 1), then
 measured as GPU time (median of 100 runs, L2 flushed before each, the host's launch time kept
 off the clock: see bench_ms) in interleaved rounds;
 ratios are against torch.matmul measured in the same round.  Then, each in a fresh process
@@ -111,7 +114,7 @@ def make_autotuned(configs: list[tuple]):
         key=["M", "N", "K"],
     )
     @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # as the generated kernels: a new M re-tunes, not recompiles
     def autotuned(
         a,
         b,
@@ -187,11 +190,26 @@ def measure_in_graphs(a, b, ref, hw) -> dict:
     errors = {}
     for name, graph in graphs.items():
         outs[name].fill_(float("nan"))
-        graph.replay()
-        sync()
-        errors[name] = rel_err(outs[name], ref)
+        errors[name] = check_into_nan(lambda out, g=graph: g.replay(), (M, N), ref, outs[name])
     timed = interleaved({name: graph.replay for name, graph in graphs.items()}, ARGS.rounds, "torch", bench_ms)
     return {"rel_err": errors, "ms": {k: t["ms"] for k, t in timed.items()}, "ratio": timed["matmul"]["ratio"]}
+
+
+# Relative error a method may have against the float32 reference (bf16 inputs: ~1.7e-3 measured).
+MAX_REL_ERR = 1e-2
+
+
+def check_into_nan(fn, shape, ref, out=None) -> float:
+    """Relative error of fn(out) written into a NaN-filled out (a new one, or ``out`` already
+    filled); a wrong or partly unwritten result ends the benchmark (exit 1) instead of being timed."""
+    if out is None:
+        out = torch.full(shape, float("nan"), device=DEVICE, dtype=DTYPE)
+    fn(out)
+    sync()
+    err = rel_err(out, ref)
+    if not err < MAX_REL_ERR:  # NaN fails too
+        raise SystemExit(f"matmul bench: wrong result at {shape}: relative error {err} (limit {MAX_REL_ERR})")
+    return err
 
 
 def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
@@ -206,10 +224,18 @@ def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
             "triton": lambda: mm.matmul_triton(a, b, hw=hw),
             "torch": lambda: torch.matmul(a, b),
             "autotune": lambda: autotune_run(a, b),
+            # cuBLAS timed against itself: the spread of this column is the measurement's noise.
+            "torch (control)": lambda: torch.matmul(a, b),
         }
-        errors = {}
-        for name, fn in methods.items():  # correctness first (and compile/tune outside the timing)
-            errors[name] = rel_err(fn(), ref)
+        checks = {
+            "matmul": lambda out: mm.matmul(a, b, out=out, hw=hw),
+            "triton": lambda out: mm.matmul_triton(a, b, out=out, hw=hw),
+            "torch": lambda out: torch.matmul(a, b, out=out),
+            "autotune": lambda out: autotune_run(a, b, out),
+        }
+        # Correctness first (and compile/tune outside the timing), each into a NaN-filled out: a
+        # fresh torch.empty could reuse the previous method's block, right values included.
+        errors = {name: check_into_nan(fn, (M, N), ref) for name, fn in checks.items()}
         sync()
         timed = interleaved(methods, ARGS.rounds, "torch", bench_ms)
         flops = 2.0 * M * N * K
@@ -227,8 +253,8 @@ def measure_shapes(shapes, hw, autotune_run) -> list[dict]:
         r = row["ratio_vs_torch"]
         print(
             f"{M}x{N}x{K:<6} bucket {bucket.name:<12} torch {row['tflops']['torch']:7.1f} TF/s | "
-            f"matmul {r['matmul']:.3f}x  triton {r['triton']:.3f}x  autotune {r['autotune']:.3f}x | "
-            f"err {max(errors.values()):.1e}",
+            f"matmul {r['matmul']:.3f}x  triton {r['triton']:.3f}x  autotune {r['autotune']:.3f}x  "
+            f"(cuBLAS vs itself {r['torch (control)']:.3f}x) | err {max(errors.values()):.1e}",
             flush=True,
         )
         if bucket.eager_library and DEVICE == "cuda":  # the interpreter has no CUDA graphs
@@ -385,6 +411,9 @@ def main() -> None:
         "geomean_triton": geomean(r["ratio_vs_torch"]["triton"] for r in rows),
         "geomean_autotune": geomean(r["ratio_vs_torch"]["autotune"] for r in rows),
         "min_matmul": min(r["ratio_vs_torch"]["matmul"] for r in rows),
+        # cuBLAS against itself: how far from 1.0 a ratio moves with nothing changed.
+        "control_min": min(r["ratio_vs_torch"]["torch (control)"] for r in rows),
+        "control_max": max(r["ratio_vs_torch"]["torch (control)"] for r in rows),
         "host_overhead_ratio": overhead["matmul"] / min(overhead["torch.matmul"], overhead["torch.matmul (again)"]),
     }
     result = {
@@ -398,19 +427,22 @@ def main() -> None:
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "matmul.json").write_text(json.dumps(result, indent=1))
 
-    print("\n| shape (M, N, K) | bucket | cuBLAS TFLOP/s | matmul | matmul_triton | autotune | max rel err |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| shape (M, N, K) | bucket | cuBLAS TFLOP/s | matmul | matmul_triton | autotune | cuBLAS vs itself | max rel err |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         t, q = r["tflops"], r["ratio_vs_torch"]
         print(
             f"| {tuple(r['shape'])} | {r['bucket']} ({r['backend']}) | {t['torch']:.1f} | {t['matmul']:.1f} ({q['matmul']:.3f}x)"
             f" | {t['triton']:.1f} ({q['triton']:.3f}x) | {t['autotune']:.1f} ({q['autotune']:.3f}x)"
-            f" | {max(r['rel_err'].values()):.1e} |"
+            f" | {q['torch (control)']:.3f}x | {max(r['rel_err'].values()):.1e} |"
         )
     print(
         f"\ngeomean vs torch.matmul: matmul {summary['geomean_matmul']:.3f}x (min {summary['min_matmul']:.3f}x), "
         f"matmul_triton {summary['geomean_triton']:.3f}x, autotune {summary['geomean_autotune']:.3f}x; "
-        f"host overhead at M=1: {summary['host_overhead_ratio']:.2f}x torch.matmul"
+        f"host overhead at M=1: {summary['host_overhead_ratio']:.2f}x torch.matmul; "
+        f"cuBLAS against itself {summary['control_min']:.3f}-{summary['control_max']:.3f}x"
     )
     for r in rows:
         if "in_graphs" in r:

@@ -58,14 +58,18 @@ def rotary_embedding_ref(positions, query, key, cos_sin_cache, head_size, is_neo
     def apply(x):
         xv = x.unflatten(-1, (-1, head_size)) if x.dim() == 2 else x
         r = xv[..., :rot].float()
+        dt = x.dtype
+        # Each half is rounded before the halves are joined (the same values as rounding after):
+        # torch.compile keeps the joined result in a buffer before writing it back in place (a
+        # pair's outputs read both of its inputs), and in x's dtype that buffer is half the bytes.
         if is_neox:
             x1, x2 = r.chunk(2, dim=-1)
-            o = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+            o = torch.cat(((x1 * cos - x2 * sin).to(dt), (x2 * cos + x1 * sin).to(dt)), dim=-1)
         else:
             x1 = r[..., 0::2]
             x2 = r[..., 1::2]
-            o = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-        xv[..., :rot] = o.to(x.dtype)
+            o = torch.stack(((x1 * cos - x2 * sin).to(dt), (x2 * cos + x1 * sin).to(dt)), dim=-1).flatten(-2)
+        xv[..., :rot] = o
 
     apply(query)
     if key is not None:

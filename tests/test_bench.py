@@ -41,10 +41,15 @@ def test_matmul_bench_smoke(tmp_path):
 
 def test_membound_bench_smoke(tmp_path):
     out = run_bench("membound.py", tmp_path, "--smoke-compile").stdout
-    assert "correctness: 13/13 OK" in out
+    assert "correctness: 13/13 OK" in out  # the correctness phase's own sizes
     result = json.loads((tmp_path / "membound.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
     cases = result["cases"]
+    # ... and every case again at the size it is timed at, before its timing.
+    timed = [c["check"] for c in result["correctness"] if c["check"].endswith(" (timed size)")]
+    assert sorted(timed) == sorted(f"{name} (timed size)" for name in cases)
+    assert all(c["ok"] for c in result["correctness"])
+    assert f"correctness: {13 + len(cases)}/{13 + len(cases)} OK" in out
     # Every case was timed; the large ones against a same-size copy and torch.compile, RoPE's also
     # against the copy of the same access pattern.
     assert all("ours_us" in e for e in cases.values()), sorted(k for k, e in cases.items() if "ours_us" not in e)

@@ -1,8 +1,8 @@
 """generated/matmul.py: every specialized kernel on ragged shapes, bucket selection, errors.
 
 On a machine without a GPU these run in Triton's interpreter (tests/conftest.py sets
-TRITON_INTERPRET=1), which cannot do bf16 arithmetic: fp16 and fp32 are tested here,
-bf16 on the GPU (bench/matmul.py checks it).
+TRITON_INTERPRET=1), which cannot do bf16 arithmetic: fp16 and fp32 are tested there, and
+bf16 too where a GPU runs the tests (every 16-bit kernel on its ragged shapes).
 """
 
 import dataclasses
@@ -13,7 +13,7 @@ import torch
 from generated import matmul as mm
 from generated.dispatch import HARDWARE
 
-TOL = {torch.float16: 3e-3, torch.float32: 2e-5}
+TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 1e-2}
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 
@@ -44,6 +44,13 @@ def dtype_of(variant_name):
     return torch.float32 if "_fp32_" in variant_name else torch.float16
 
 
+def dtypes_of(variant_name):
+    """The dtypes a kernel is checked in: its 16-bit kernels serve bf16 too, whose arithmetic
+    only a GPU does right."""
+    d = dtype_of(variant_name)
+    return [d, torch.bfloat16] if GPU and d == torch.float16 else [d]
+
+
 def shapes_for(v):
     """Ragged shapes for one kernel: M = 1, sizes that are multiples of no tile, K < BLOCK_K."""
     if v.kind == "small_m":
@@ -58,16 +65,16 @@ def shapes_for(v):
 @pytest.mark.parametrize("name", sorted(mm.VARIANTS))
 def test_every_kernel_on_ragged_shapes(name):
     v = mm.VARIANTS[name]
-    dtype = dtype_of(name)
-    for M, N, K, bt in shapes_for(v):
+    for dtype in dtypes_of(name):
+        for M, N, K, bt in shapes_for(v):
 
-        def run(a, b, out):
-            v.launch(a, b, out, M, N, K)
-            return out
+            def run(a, b, out):
+                v.launch(a, b, out, M, N, K)
+                return out
 
-        first = check(run, M, N, K, dtype, b_transposed=bt)
-        if v.split_k > 1:  # the split-K fix-up is deterministic and leaves its counters reset
-            assert torch.equal(check(run, M, N, K, dtype, b_transposed=bt), first)
+            first = check(run, M, N, K, dtype, b_transposed=bt)
+            if v.split_k > 1:  # the split-K fix-up is deterministic and leaves its counters reset
+                assert torch.equal(check(run, M, N, K, dtype, b_transposed=bt), first)
 
 
 def test_every_target_and_dtype_has_a_policy_whose_buckets_all_run():
