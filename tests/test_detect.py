@@ -1,10 +1,15 @@
-"""detect_hardware: device name first, then arch, then the nearest lower arch with a warning."""
+"""detect_hardware: device name first (any vendor), then arch with a warning, then the nearest lower arch.
+
+The device tests fake torch.cuda's device queries, so they run on the CPU.
+"""
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 
-from generated.dispatch import HARDWARE, detect_hardware
+import generated.dispatch as D
+from generated.dispatch import HARDWARE, detect_hardware, target_name
 
 
 @pytest.mark.parametrize(
@@ -19,7 +24,6 @@ from generated.dispatch import HARDWARE, detect_hardware
         ("nvidia", (12, 0), "NVIDIA GeForce RTX 5090", "rtx5090"),
         ("nvidia", (12, 1), "NVIDIA GB10", "gb10"),
         ("iluvatar", (10, 0), "Iluvatar BI-V100", "bi_v100"),
-        ("nvidia", (9, 0), "NVIDIA H800", "h100"),  # same arch, unknown name: the arch's first spec
     ],
 )
 def test_exact_matches_do_not_warn(vendor, capability, name, expected):
@@ -55,3 +59,167 @@ def test_no_device_is_a_clear_error():
     else:
         with pytest.raises(RuntimeError, match="no GPU device is available"):
             detect_hardware()
+
+
+@pytest.mark.parametrize(
+    "vendor, capability, name, expected",
+    [
+        ("nvidia", (8, 0), "NVIDIA A30", "a100"),  # 56 SMs against a100's 108
+        ("nvidia", (9, 0), "NVIDIA H20", "h100"),  # 78 against 132
+        ("nvidia", (8, 9), "NVIDIA L4", "l40s"),  # 58 against 142
+        ("nvidia", (9, 0), "NVIDIA H800", "h100"),
+    ],
+)
+def test_arch_only_match_warns_naming_the_device_the_spec_and_why(vendor, capability, name, expected):
+    with pytest.warns(RuntimeWarning, match=rf"{name!r}.*{expected!r}.*matched by arch only") as record:
+        assert detect_hardware(vendor, capability, name) == expected
+    assert len(record) == 1
+    assert f"specs/hardware/{expected}.toml" in str(record[0].message)
+
+
+def test_name_patterns_match_across_vendors_before_the_vendor_is_inferred():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # The vendor comes from the matched spec, whatever vendor the caller guessed.
+        assert detect_hardware("nvidia", (10, 0), "BI-V100") == "bi_v100"
+        assert detect_hardware(None, (10, 0), "BI-V100") == "bi_v100"
+
+
+def test_name_without_vendor_infers_it():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert detect_hardware(name="NVIDIA H200") == "h200"
+        assert detect_hardware(name="BI-V100") == "bi_v100"
+        assert detect_hardware(name="Iluvatar BI-V100") == "bi_v100"
+    with pytest.warns(RuntimeWarning, match="matched by arch only"):
+        assert detect_hardware(capability=(8, 0), name="NVIDIA A30") == "a100"
+    with pytest.raises(RuntimeError, match=r"'NVIDIA A30' matches no spec's device_names.*no capability"):
+        detect_hardware(name="NVIDIA A30")
+    with pytest.raises(RuntimeError, match="below every iluvatar spec"):
+        detect_hardware(capability=(7, 1), name="Iluvatar MR-V50")
+    with pytest.raises(RuntimeError, match="unknown vendor 'amd'"):
+        detect_hardware(capability=(9, 4), name="AMD Instinct MI300X")
+    with pytest.raises(RuntimeError, match="no vendor and no device name"):
+        detect_hardware(capability=(9, 0))
+
+
+# Fake devices: (name, (major, minor), multi_processor_count).
+H200 = ("NVIDIA H200", (9, 0), 132)
+H100_SXM = ("NVIDIA H100 80GB HBM3", (9, 0), 132)
+H100_PCIE = ("NVIDIA H100 PCIe", (9, 0), 114)
+A30 = ("NVIDIA A30", (8, 0), 56)
+BI_V100 = ("BI-V100", (10, 0), 16)
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """fake_gpus(dev0, dev1, ...): torch.cuda reports these devices; detection starts uncached."""
+    torch = pytest.importorskip("torch")
+    devices: list = []
+    queried: list = []
+
+    def dev(index):
+        assert isinstance(index, int) and not isinstance(index, bool), f"device queried with {index!r}"
+        queried.append(index)
+        return devices[index]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(devices))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: dev(index)[0])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: dev(index)[1])
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda index=None: SimpleNamespace(
+            name=dev(index)[0], major=dev(index)[1][0], minor=dev(index)[1][1], multi_processor_count=dev(index)[2]
+        ),
+    )
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(D, "_DETECTED", {})
+
+    def install(*devs):
+        devices[:] = devs
+        return queried
+
+    return install
+
+
+def cuda(index):
+    import torch
+
+    return torch.device("cuda", index)
+
+
+def _detect_recording(fn, *args, **kwargs):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    return result, [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+
+
+def test_h200_device_is_detected_without_warnings(fake_gpus):
+    fake_gpus(H200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert target_name() == "h200"
+        assert detect_hardware() == "h200"
+        assert HARDWARE["h200"].sm_count == H200[2]
+
+
+def test_sm_count_mismatch_warns_once_per_device(fake_gpus):
+    fake_gpus(H100_PCIE, H100_PCIE, H100_SXM)
+    name, messages = _detect_recording(target_name, None, cuda(0))
+    assert name == "h100"
+    assert len(messages) == 1, messages
+    assert "114" in messages[0] and "132" in messages[0] and "specs/hardware/h100.toml" in messages[0]
+    assert "NVIDIA H100 PCIe" in messages[0]
+    assert _detect_recording(target_name, None, cuda(0)) == ("h100", [])  # cached: no second warning
+    assert _detect_recording(detect_hardware) == ("h100", [])  # the current device is index 0
+    name, messages = _detect_recording(target_name, None, cuda(1))  # another device warns for itself
+    assert name == "h100" and len(messages) == 1 and "cuda:1" in messages[0]
+    assert _detect_recording(target_name, None, cuda(2)) == ("h100", [])  # 132 SMs: as the spec says
+
+
+def test_arch_only_device_warns_once_per_device_with_its_sm_count(fake_gpus):
+    fake_gpus(A30, A30)
+    name, messages = _detect_recording(target_name, None, cuda(0))
+    assert name == "a100"
+    assert len(messages) == 2, messages
+    assert any("'NVIDIA A30'" in m and "'a100'" in m and "matched by arch only" in m for m in messages)
+    assert any("56" in m and "108" in m and "specs/hardware/a100.toml" in m for m in messages)
+    assert _detect_recording(target_name, None, cuda(0)) == ("a100", [])
+    name, messages = _detect_recording(target_name, None, cuda(1))
+    assert name == "a100" and len(messages) == 2
+
+
+def test_device_named_like_an_other_vendors_spec_is_name_matched(fake_gpus):
+    fake_gpus(BI_V100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert target_name() == "bi_v100"  # not nvidia arch 100 (b200)
+
+
+def test_target_name_normalises_string_int_and_torch_devices(fake_gpus):
+    import torch
+
+    queried = fake_gpus(H200, H100_SXM)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert target_name(device="cuda:1") == "h100"
+        assert target_name(device=1) == "h100"
+        assert target_name(device=torch.device("cuda", 1)) == "h100"
+        assert target_name(device="cuda") == "h200"  # no index: the current device
+        assert target_name(device=torch.device("cuda:0")) == "h200"
+    assert sorted(D._DETECTED) == [0, 1]  # one cache entry per device index
+    assert set(queried) == {0, 1}
+    n = len(queried)
+    target_name(device="cuda:1")
+    assert len(queried) == n  # cached
+    with pytest.raises(RuntimeError, match="pass hw="):
+        target_name(device="cpu")
+    with pytest.raises(RuntimeError, match="pass hw="):
+        target_name(device=torch.device("cpu"))
+    with pytest.raises(TypeError, match="device"):
+        target_name(device=1.5)
+    assert target_name("h200", device="cpu") == "h200"  # hw wins: nothing is detected
