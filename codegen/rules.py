@@ -60,14 +60,32 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "int": int,
 }
 
+# The most bits an integer power may have.  Spec numbers are sizes and counts; a larger
+# power (2 ** 10 ** 10) is a typo that would take the build minutes and gigabytes.
+MAX_POW_BITS = 256
+
+
+def _pow(base: Any, exp: Any) -> Any:
+    if isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base) > 1:
+        if exp * (abs(base).bit_length() - 1) > MAX_POW_BITS:
+            raise RuleError(f"{base} ** {exp:,} is too large (more than {MAX_POW_BITS} bits)")
+    return operator.pow(base, exp)
+
+
+def _mul(a: Any, b: Any) -> Any:
+    if isinstance(a, str) or isinstance(b, str):  # 'x' * 10 ** 9 would be a gigabyte string
+        raise RuleError("strings cannot be multiplied in a rule")
+    return operator.mul(a, b)
+
+
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
+    ast.Mult: _mul,
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
+    ast.Pow: _pow,
 }
 _CMPOPS: dict[type, tuple[Callable[[Any, Any], bool], str]] = {
     ast.Lt: (operator.lt, "<"),

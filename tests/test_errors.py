@@ -246,6 +246,14 @@ CASES = [
         "-----",
     ),
     (
+        "rule whose power would hang the build",
+        "specs/kernels/transform.toml",
+        'bytes_in_flight = { expr = "hw.bytes_in_flight" }',
+        'bytes_in_flight = { expr = "hw.bytes_in_flight + 2 ** 10 ** 10" }',
+        ["transform.base.bytes_in_flight", "2 ** 10,000,000,000 is too large (more than 256 bits)"],
+        "10 ** 10",
+    ),
+    (
         # generated/cache.py looks copy_blocks up at run time.
         "variant a generated module needs is missing",
         "specs/kernels/cache.toml",

@@ -1,5 +1,7 @@
 """The rule language: what it accepts, what it rejects, how it explains a false check."""
 
+import re
+
 import pytest
 
 from codegen import rules
@@ -63,6 +65,21 @@ def test_explain_failure_shows_both_sides():
     expr = rules.parse("stages >= 1 and block * model.head_dim * dtype_bytes * 2 <= hw.smem")
     assert rules.explain_failure(expr, ENV) == ("block * model.head_dim * dtype_bytes * 2 = 65,536 > hw.smem = 49,152")
     assert rules.explain_failure(rules.parse("not hw.async_copy"), ENV) == "'not hw.async_copy' is false"
+
+
+@pytest.mark.parametrize(
+    "source, fragment",
+    [
+        ("2 ** 10 ** 10", "2 ** 10,000,000,000 is too large (more than 256 bits)"),
+        ("9 ** 9 ** 9", "is too large"),
+        ("'x' * 10 ** 9", "strings cannot be multiplied"),
+    ],
+)
+def test_rules_that_would_hang_the_build_are_rule_errors(source, fragment):
+    """Evaluated, these would take minutes and gigabytes; a rule stops them at once."""
+    with pytest.raises(rules.RuleError, match=re.escape(fragment)):
+        rules.evaluate(rules.parse(source), ENV)
+    assert rules.evaluate(rules.parse("2 ** 256 + (-2) ** 3 + 2 ** -1 + 1 ** 10 ** 10"), ENV) == 2**256 - 8 + 0.5 + 1
 
 
 def test_division_by_zero_is_a_rule_error():
