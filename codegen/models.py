@@ -60,14 +60,24 @@ Ident = Annotated[str, Field(pattern=IDENT)]
 PosInt = Annotated[StrictInt, Field(gt=0)]
 
 
+def is_line_break(ch: str) -> bool:
+    """A character str.splitlines() breaks on (\\n, \\r, \\x85, \\u2028, ...)."""
+    return len((ch + "x").splitlines()) > 1
+
+
+def is_control(ch: str) -> bool:
+    """A control character other than tab."""
+    return unicodedata.category(ch) == "Cc" and ch != "\t"
+
+
 def text_problem(text: str) -> str | None:
     """Why ``text`` is not a valid doc or note, or None.  Docs and notes are one line of text
     (any characters but line breaks and control characters; a tab is allowed): generated code
     carries them as one-line comments and docstrings (render.py escapes backslashes and
     triple quotes there), and a spec reads the same whether or not a note is printed."""
-    if len((text + "x").splitlines()) > 1:  # also a trailing break, \u2028 and \u2029 included
+    if any(is_line_break(ch) for ch in text):
         return "must be one line (it has a line break)"
-    bad = next((ch for ch in text if unicodedata.category(ch) == "Cc" and ch != "\t"), None)
+    bad = next((ch for ch in text if is_control(ch)), None)
     if bad is not None:
         return f"must not contain control characters (it has {bad!r})"
     return None

@@ -31,7 +31,6 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -41,6 +40,7 @@ import jinja2
 
 from .errors import SpecErrors, SpecProblem, problem
 from .load import SpecTree
+from .models import is_control, is_line_break
 from .resolve import Instantiation, Resolution, VariantResolution
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -174,11 +174,7 @@ def comment_text(text: str) -> str:
     """``text`` safe to print after ``#``: line breaks and control characters other than tab are
     shown as escapes, everything else as it is.  load.py admits no such characters
     (models.text_problem); this is the second line of defence."""
-    return "".join(repr(ch)[1:-1] if _breaks_a_line(ch) else ch for ch in text)
-
-
-def _breaks_a_line(ch: str) -> bool:
-    return len((ch + "x").splitlines()) > 1 or (unicodedata.category(ch) == "Cc" and ch != "\t")
+    return "".join(repr(ch)[1:-1] if is_line_break(ch) or is_control(ch) else ch for ch in text)
 
 
 def docstring_text(text: str) -> str:
