@@ -13,7 +13,8 @@ Phases (each guarded: an error is recorded and the run goes on):
   2. correctness in bf16 (fp16 with --cpu-smoke) of every op against the torch reference, twice
      with fresh inputs (1st call compiles, 2nd reuses the memoised plan)
   3. device copy bandwidth (bytes read + written): 512 MiB copied to another 512 MiB
-  4. per case: ours and torch eager, bytes/s from triton.testing.do_bench (median, L2 flushed);
+  4. per case: ours and torch eager, bytes/s from bench/timing.py's gpu_ms (median, L2 flushed,
+     launch time off the clock);
      large cases also time a plain device copy of the same number of bytes; 1-token cases
      time host overhead (N back-to-back calls, ours vs eager)
      RoPE cases also time a Triton copy of exactly the bytes RoPE touches (the first rot_dim
@@ -61,12 +62,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-import triton.testing  # noqa: E402
 
 import generated.cache as C  # noqa: E402
 import generated.dispatch as D  # noqa: E402
 import generated.transform as T  # noqa: E402
 from bench import reference_ops as R  # noqa: E402
+from bench.timing import cpu_ms, gpu_ms  # noqa: E402
 
 T0 = time.perf_counter()
 DEV = "cpu" if SMOKE else "cuda"
@@ -153,15 +154,12 @@ def record_error(where, e):
 
 
 def bench_ms(fn, large=True):
-    """Median GPU ms (do_bench flushes L2 between runs); CPU smoke: one timed call."""
+    """Median GPU ms, L2 flushed before each run, the host's launch time off the clock
+    (bench/timing.py: do_bench counted launch gaps in the 1-token rows); CPU smoke: one timed call."""
     if SMOKE:
         fn()
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    if large:
-        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-    return triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
+        return cpu_ms(fn)
+    return gpu_ms(fn, reps=100 if large else 50)
 
 
 def host_us(fn, n=None, reps=5):
@@ -665,7 +663,7 @@ def phase_compile(cases, prio):
             e["compile_s"] = round(time.perf_counter() - t, 1)
             _COMPILES[0] += 1
             # Ours and compiled in alternating order, round by round: the two are often within
-            # 1-2% of each other, about the run-to-run spread of one do_bench.
+            # 1-2% of each other, about the run-to-run spread of one timing.
             pair = {"ours": env["ours"], "compile": lambda: cf(*args)}
             ms_c, ratios = [], []
             for r in range(1 if SMOKE else COMPILE_ROUNDS):
