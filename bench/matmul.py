@@ -59,7 +59,12 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes in the interpreter")
     p.add_argument("--hw", default=None, help="hardware spec name (default: detect the device)")
-    p.add_argument("--rounds", type=int, default=6, help="interleaved measurement rounds per shape")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="interleaved rounds per shape (10: each of 5 methods twice in each place)",
+    )
     p.add_argument("--overhead-calls", type=int, default=3000)
     p.add_argument("--first-call", choices=["generated", "autotune"], help=argparse.SUPPRESS)
     p.add_argument("--shape", default=None, help=argparse.SUPPRESS)

@@ -374,7 +374,7 @@ def phase_correctness():
             ref = dst.cpu().clone()
             C.swap_blocks(src, dst, bm)
             R.swap_blocks_ref(src.cpu(), ref, bm)
-            pairs.append((dst, ref, True))
+            pairs.append((dst.cpu(), ref, True))  # _cmp compares on one device
         _corr("swap_blocks gpu->cpu, cpu->gpu", pairs)
 
     _guard("correctness swap_blocks", swap)

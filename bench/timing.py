@@ -56,17 +56,27 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.float() - ref).norm() / ref.norm()).item()
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """The order of round r: rotated by r // 2, reversed in odd rounds, so that over 2 x len(names)
+    rounds every method runs exactly twice in every position.  Plain forward/backward alternation
+    kept the middle method (the reference, in bench/matmul.py) in the middle every round; on
+    2026-11-30 a 17 us cuBLAS call timed there ran 5% faster than the same call timed first or last."""
+    k = (r // 2) % len(names)
+    order = names[k:] + names[:k]
+    return order[::-1] if r % 2 else order
+
+
 def interleaved(
     methods: dict[str, Callable[[], object]], rounds: int, reference: str, timer: Callable[..., float] = gpu_ms
 ) -> dict[str, dict[str, float]]:
-    """Time every method once per round, in alternating order; per method: the median time (ms)
-    and the median over rounds of reference time / method time (so > 1 is faster)."""
+    """Time every method once per round, in the order of round_order; per method: the median time
+    (ms) and the median over rounds of reference time / method time (so > 1 is faster)."""
     names = list(methods)
     times: dict[str, list[float]] = {n: [] for n in names}
     ratios: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        # Alternate the order so clock and thermal drift within a round favour nobody.
-        this = {n: timer(methods[n]) for n in (names if r % 2 == 0 else names[::-1])}
+        # Rotate the order so clock and thermal drift and position within a round favour nobody.
+        this = {n: timer(methods[n]) for n in round_order(names, r)}
         for n, t in this.items():
             times[n].append(t)
             ratios[n].append(this[reference] / t)

@@ -77,3 +77,18 @@ def test_matmul_sweep_rejects_a_bad_candidate_before_running(tmp_path):
     proc = run_bench("sweep_matmul.py", tmp_path, "--candidates", "grp:64x64:w4s3", code=2)
     assert "bad candidate 'grp:64x64:w4s3'" in proc.stderr
     assert "cublas" not in proc.stdout  # nothing was timed
+
+
+def test_round_order_puts_every_method_in_every_place():
+    sys.path.insert(0, str(REPO))
+    from bench.timing import round_order
+
+    for n in (2, 3, 5):
+        names = [f"m{i}" for i in range(n)]
+        places = {(name, p): 0 for name in names for p in range(n)}
+        for r in range(2 * n):
+            order = round_order(names, r)
+            assert sorted(order) == names
+            for p, name in enumerate(order):
+                places[name, p] += 1
+        assert set(places.values()) == {2}, places
