@@ -16,7 +16,7 @@ Phases (each guarded: an error is recorded and the run goes on):
   4. per case: ours and torch eager, bytes/s from bench/timing.py's gpu_ms (median, L2 flushed,
      launch time off the clock);
      large cases also time a plain device copy of the same number of bytes; 1-token cases
-     time host overhead (N back-to-back calls, ours vs eager)
+     time host overhead (N back-to-back calls, ours and eager in alternating rounds)
      RoPE cases also time a Triton copy of exactly the bytes RoPE touches (the first rot_dim
      dims of every head: the same access pattern, no arithmetic)
   5. torch.compile(reference, dynamic=False) at the large sizes, most important first, timed in
@@ -162,25 +162,31 @@ def bench_ms(fn, large=True):
     return gpu_ms(fn, reps=100 if large else 50)
 
 
-def host_us(fn, n=None, reps=5):
-    """(host us/call, wall us/call) over n back-to-back calls: host = until the last call
-    returned, wall = until the GPU finished.  Median of reps."""
+def host_us(fns, n=None, rounds=6):
+    """Per function: (host us/call, wall us/call) over n back-to-back calls, host = until the last
+    call returned, wall = until the GPU finished; median over rounds that alternate the order of
+    the functions (host speed drifts: one H200 host ran the same launches 30% slower minutes
+    apart).  Also the median per-round ratio of the first function's host time to the second's."""
     n = n or (3 if SMOKE else 200)
-    for _ in range(3):
-        fn()
-    sync()
-    hs, ws = [], []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
+    for fn in fns:
+        for _ in range(3):
             fn()
-        t1 = time.perf_counter()
-        sync()
-        t2 = time.perf_counter()
-        hs.append((t1 - t0) / n * 1e6)
-        ws.append((t2 - t0) / n * 1e6)
-    return round(statistics.median(hs), 2), round(statistics.median(ws), 2)
+    sync()
+    hs, ws = [[] for _ in fns], [[] for _ in fns]
+    for r in range(1 if SMOKE else rounds):
+        for i in range(len(fns)) if r % 2 == 0 else reversed(range(len(fns))):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fns[i]()
+            t1 = time.perf_counter()
+            sync()
+            t2 = time.perf_counter()
+            hs[i].append((t1 - t0) / n * 1e6)
+            ws[i].append((t2 - t0) / n * 1e6)
+    per_fn = [(round(statistics.median(h), 2), round(statistics.median(w), 2)) for h, w in zip(hs, ws)]
+    ratio = statistics.median(a / b for a, b in zip(hs[0], hs[1]))
+    return per_fn, round(ratio, 3)
 
 
 def tbps(nbytes, ms):
@@ -598,9 +604,11 @@ def phase_cases(cases):
                 f" | eager {e['eager_us']:9.2f} us"
             )
             if case["decode"]:
-                e["host_ours_us"], e["wall_ours_us"] = host_us(env["ours"])
-                e["host_eager_us"], e["wall_eager_us"] = host_us(env["eager"])
-                msg += f" | host us/call ours {e['host_ours_us']} eager {e['host_eager_us']}"
+                ((e["host_ours_us"], e["wall_ours_us"]), (e["host_eager_us"], e["wall_eager_us"])), ratio = host_us(
+                    (env["ours"], env["eager"])
+                )
+                e["host_ours_over_eager"] = ratio
+                msg += f" | host us/call ours {e['host_ours_us']} eager {e['host_eager_us']} (ours/eager {ratio})"
             pattern = None if case["decode"] else env.get("pattern")
             del env
             release()
@@ -705,7 +713,7 @@ def print_table(cases):
     print()
     print(
         "| case | ours us | ours TB/s | % copy | % same-size copy | % same-pattern copy | eager TB/s "
-        "| compile TB/s | ours / compile | host us/call ours / eager |"
+        "| compile TB/s | ours / compile | host us/call ours / eager (per-round ratio) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for case in cases:
@@ -716,7 +724,9 @@ def print_table(cases):
         frac = e.get("ours_frac_copy")
         same = e.get("ours_frac_copy_same")
         pat = e.get("ours_frac_pattern")
-        host = f"{e['host_ours_us']} / {e['host_eager_us']}" if case["decode"] and "host_ours_us" in e else ""
+        host = ""
+        if case["decode"] and "host_ours_us" in e:
+            host = f"{e['host_ours_us']} / {e['host_eager_us']} ({e['host_ours_over_eager']:.2f}x)"
         print(
             f"| {case['name']} | {f(e['ours_us'], 1)} | {f(e.get('ours_tbps'))} "
             f"| {f(frac * 100 if frac else None, 1)} | {f(same * 100 if same else None, 1)} "
