@@ -100,9 +100,12 @@ def _not_keyword(name: str) -> str:
     return name
 
 
+NotKeyword = AfterValidator(_not_keyword)
+
+
 # A record field: an attribute and a keyword argument in generated code.  (Soft keywords such
 # as 'match' are valid identifiers.)
-FieldName = Annotated[str, Field(pattern=IDENT), AfterValidator(_not_keyword)]
+FieldName = Annotated[str, Field(pattern=IDENT), NotKeyword]
 
 
 class Spec(BaseModel):
@@ -306,7 +309,7 @@ class ConfigSpec(Spec):
     """One config record and its policies (a top-level table of a kernel file)."""
 
     # The generated class; render.py also rejects a name the dispatch module itself uses.
-    record: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$")]
+    record: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$"), NotKeyword]
     doc: DocText
     # Another config (in any kernel file) whose inheritable keys (INHERITED_KEYS) this one
     # takes where it does not set them; a key set here replaces the inherited one whole.
@@ -332,13 +335,6 @@ class ConfigSpec(Spec):
     # Serves any target no threshold serves (any vendor, below every threshold,
     # or past a max_arch).  Without one, such a target is an error.
     base: dict[str, Any] | None = None
-
-    @field_validator("record")
-    @classmethod
-    def _record_not_keyword(cls, v: str) -> str:
-        if keyword.iskeyword(v):
-            raise ValueError(f"{v!r} is a Python keyword; a record name must be usable as a class name")
-        return v
 
     @field_validator("variants")
     @classmethod
