@@ -620,11 +620,11 @@ CACHE_CONFIGS = tuple(n.config for n in NEEDS if n.module == "cache.py")
 MODULES: tuple[Module, ...] = (
     Module("__init__.py", "init.py.j2", lambda r: {"modules": MODULE_DOCS}, lambda r: r.tree.files),
     Module("dispatch.py", "dispatch.py.j2", dispatch_context, lambda r: spec_files(r, plain_configs(r))),
-    # The kernel modules look their launch records up in dispatch.py; their header still names
-    # the specs those records come from.
     # Launch machinery of the two memory-bound modules: template only, no spec value in it; its
     # header names the specs of the modules it serves.
     Module("_launch.py", "launch.py.j2", lambda r: {}, lambda r: spec_files(r, TRANSFORM_CONFIGS + CACHE_CONFIGS)),
+    # The kernel modules look their launch records up in dispatch.py; their header still names
+    # the specs those records come from.
     Module("transform.py", "transform.py.j2", lambda r: {}, lambda r: spec_files(r, TRANSFORM_CONFIGS)),
     Module("cache.py", "cache.py.j2", lambda r: {}, lambda r: spec_files(r, CACHE_CONFIGS)),
     Module("matmul.py", "matmul.py.j2", matmul_context, lambda r: spec_files(r, MATMUL_CONFIGS)),
