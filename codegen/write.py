@@ -183,14 +183,12 @@ def apply(p: Plan) -> None:
         if isinstance(exc, OutputError):
             raise
         not_restored = _undo(p.out_dir, done)
+        lost = f"could not restore {', '.join(_show(p.out_dir, c) for c in not_restored)}" if not_restored else ""
         if not isinstance(exc, OSError):
-            if not_restored:
-                exc.add_note(f"could not restore {', '.join(_show(p.out_dir, c) for c in not_restored)}")
+            if lost:
+                exc.add_note(lost)
             raise
-        if not_restored:
-            state = f"could not restore {', '.join(_show(p.out_dir, c) for c in not_restored)}"
-        else:
-            state = f"{p.out_dir.name}/ was not changed"
+        state = lost or f"{p.out_dir.name}/ was not changed"
         raise OutputError(f"cannot {what} {rel}: {os_reason(exc)}; {state}") from None
     for leftover in p.leftovers:
         _remove(str(p.out_dir / leftover))
