@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+import triton
 
 from generated import matmul as mm
 from generated.dispatch import HARDWARE
@@ -209,7 +210,7 @@ def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape,
     scribbles on the pool.  Without a GPU: capture faked, pool-made counters filled with garbage."""
     (v,) = {mm.select(*shape, dtype=torch.float16, hw="h200").triton for shape in shapes}
     for M, N, K in shapes + [cpu_shape]:
-        tiles = triton_cdiv(M, v.block_m) * triton_cdiv(N, v.block_n)
+        tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
         assert mm._splits(v, tiles) > 1
     assert {mm.select(*shape, hw="h200").name for shape in shapes} == {bucket}
     monkeypatch.setattr(mm, "_WORKSPACES", {})
@@ -228,7 +229,7 @@ def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape,
         if not spare:
             cnt.fill_(7)  # what the pool may hold: the launch must reset it
         check(run, *cpu_shape, torch.float16)
-        tiles = triton_cdiv(cpu_shape[0], v.block_m) * triton_cdiv(cpu_shape[1], v.block_n)
+        tiles = triton.cdiv(cpu_shape[0], v.block_m) * triton.cdiv(cpu_shape[1], v.block_n)
         assert not bool(torch.count_nonzero(cnt[:tiles]))  # left at zero for the next replay
         return
     cases = []
@@ -356,7 +357,7 @@ def test_split_k_only_fills_one_wave(name):
     assert mm._splits(v, 10 * v.num_programs) == 1
     dtype = dtype_of(name)
     M, N, K = (7, 130, 300) if v.kind == "small_m" else (19, 130, 300)
-    tiles = triton_cdiv(M, v.block_m) * triton_cdiv(N, v.block_n)
+    tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
     for wave, splits in ((tiles, 1), (tiles * v.split_k, v.split_k)):
         w = dataclasses.replace(v, num_programs=wave)
         assert mm._splits(w, tiles) == splits
@@ -393,7 +394,7 @@ def test_tma_kernel_splits_only_its_last_partial_wave(name, monkeypatch):
     # One full wave plus one tile, split split_k ways over K tiles that do not divide evenly.
     dtype = dtype_of(name)
     M, N, K = 100, P * v.block_n + 8, v.split_k * v.block_k + 8
-    assert triton_cdiv(M, v.block_m) * triton_cdiv(N, v.block_n) == P + 1
+    assert triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n) == P + 1
     mm._WORKSPACES.clear()
     monkeypatch.setattr(mm, "_launch_grouped", None)  # the TMA kernel itself, not its fallback
 
@@ -408,10 +409,6 @@ def test_tma_kernel_splits_only_its_last_partial_wave(name, monkeypatch):
     assert bool(torch.count_nonzero(partials[: v.split_k * v.block_m * v.block_n]))
     assert not bool(torch.count_nonzero(counters))
     assert torch.equal(check(run, M, N, K, dtype), first)
-
-
-def triton_cdiv(x, y):
-    return -(-x // y)
 
 
 def test_empty_and_zero_k():
