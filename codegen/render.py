@@ -612,7 +612,11 @@ MODULE_DOCS = (
     ("transform", "RMSNorm, SiLU-and-mul and rotary-embedding Triton kernels with per-target launch policies"),
     ("cache", "KV-cache Triton kernels (reshape_and_cache, copy_blocks) and swap_blocks"),
     ("matmul", "shape-bucketed Triton matmul kernels per target, with the vendor library where it wins"),
-    ("_launch", "host-side launch plans and argument checks shared by transform and cache (internal)"),
+    (
+        "_launch",
+        "host-side launch plans and argument checks shared by transform and cache, and the kernel"
+        " modules' first-launch setup (internal)",
+    ),
 )
 TRANSFORM_CONFIGS = tuple(n.config for n in NEEDS if n.module == "transform.py")
 CACHE_CONFIGS = tuple(n.config for n in NEEDS if n.module == "cache.py")
@@ -620,9 +624,15 @@ CACHE_CONFIGS = tuple(n.config for n in NEEDS if n.module == "cache.py")
 MODULES: tuple[Module, ...] = (
     Module("__init__.py", "init.py.j2", lambda r: {"modules": MODULE_DOCS}, lambda r: r.tree.files),
     Module("dispatch.py", "dispatch.py.j2", dispatch_context, lambda r: spec_files(r, plain_configs(r))),
-    # Launch machinery of the two memory-bound modules: template only, no spec value in it; its
-    # header names the specs of the modules it serves.
-    Module("_launch.py", "launch.py.j2", lambda r: {}, lambda r: spec_files(r, TRANSFORM_CONFIGS + CACHE_CONFIGS)),
+    # Launch machinery of the kernel modules (plans and checks for the two memory-bound ones,
+    # first-launch setup for all three): template only, no spec value in it; its header names
+    # the specs of the modules it serves.
+    Module(
+        "_launch.py",
+        "launch.py.j2",
+        lambda r: {},
+        lambda r: spec_files(r, TRANSFORM_CONFIGS + CACHE_CONFIGS + MATMUL_CONFIGS),
+    ),
     # The kernel modules look their launch records up in dispatch.py; their header still names
     # the specs those records come from.
     Module("transform.py", "transform.py.j2", lambda r: {}, lambda r: spec_files(r, TRANSFORM_CONFIGS)),

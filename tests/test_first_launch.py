@@ -1,0 +1,136 @@
+"""generated/_launch.py: the setup before a process's first compiled Triton launch.
+
+Triton's driver and its cache key are real only on a GPU machine, so these tests put fakes in
+their places (Triton's lazy ``driver.active`` and ``triton.runtime.cache.triton_key``) and check
+what _ready_triton promises: the two steps run at the same time, in two threads; once per
+process; failures are left for the launch to raise; nothing in the interpreter; and both kernel
+families' launch paths call it.  Its speed is measured by bench/matmul.py's first-call rows.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import triton
+import triton.runtime.cache
+
+from generated import _launch as launch
+from generated import matmul as mm
+
+WAIT_S = 10.0
+
+
+class FakeDriver:
+    """Triton's active driver, whose initialisation is get_current_target's first call."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def get_current_target(self):
+        return self.step()
+
+
+@pytest.fixture
+def compiled_process(monkeypatch):
+    """A process that has launched no compiled kernel yet: the flag up, the interpreter off."""
+    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "_FIRST_LAUNCH", True)
+
+    def install(driver_step, key_step):
+        monkeypatch.setattr(triton.runtime.driver, "_active", FakeDriver(driver_step))
+        monkeypatch.setattr(triton.runtime.cache, "triton_key", key_step)
+
+    return install
+
+
+def test_driver_and_cache_key_overlap(compiled_process):
+    # Each step waits for the other to have started: run one after the other, in one thread,
+    # the first would time out without seeing the second.
+    driver_started, key_started = threading.Event(), threading.Event()
+    seen = {}
+
+    def driver_step():
+        driver_started.set()
+        seen["driver saw key"] = key_started.wait(WAIT_S)
+        seen["driver thread"] = threading.current_thread()
+
+    def key_step():
+        key_started.set()
+        seen["key saw driver"] = driver_started.wait(WAIT_S)
+        seen["key thread"] = threading.current_thread()
+
+    compiled_process(driver_step, key_step)
+    launch._ready_triton()
+    assert seen["driver saw key"] and seen["key saw driver"]
+    assert seen["driver thread"] is threading.main_thread()
+    assert seen["key thread"] is not threading.main_thread()
+    assert launch._FIRST_LAUNCH is False
+    # The key's thread has finished when the setup returns: the launch finds the key computed.
+    assert not any(t.name == "triton_key" for t in threading.enumerate())
+
+
+def test_failures_are_left_to_the_launch(compiled_process):
+    calls = []
+
+    def fail(name):
+        def step():
+            calls.append(name)
+            raise RuntimeError(f"{name} failed")
+
+        return step
+
+    compiled_process(fail("driver"), fail("key"))
+    launch._ready_triton()  # raises nothing: Triton raises its own error at the launch
+    assert sorted(calls) == ["driver", "key"]
+    assert launch._FIRST_LAUNCH is False
+
+
+def test_interpreter_does_no_setup(compiled_process, monkeypatch):
+    calls = []
+    compiled_process(lambda: calls.append("driver"), lambda: calls.append("key"))
+    monkeypatch.setattr(launch, "_INTERPRET", True)
+    launch._ready_triton()
+    assert calls == [] and launch._FIRST_LAUNCH is False
+
+
+class CountingSetup:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        launch._FIRST_LAUNCH = False
+
+
+def test_memory_bound_launch_path_sets_up_once(monkeypatch):
+    setup = CountingSetup()
+    monkeypatch.setattr(launch, "_ready_triton", setup)
+    monkeypatch.setattr(launch, "_FIRST_LAUNCH", True)
+    launched = []
+
+    class Plan:
+        consts = ()
+        num_warps = 4
+
+        @staticmethod
+        def launch(*args, num_warps):
+            launched.append(setup.calls)
+
+    for _ in range(3):
+        launch._run(Plan, -1, ())
+    assert setup.calls == 1 and launched == [1, 1, 1]  # before the first launch, then never
+
+
+def test_matmul_launch_path_sets_up_once(monkeypatch):
+    setup = CountingSetup()
+    monkeypatch.setattr(launch, "_ready_triton", setup)
+    monkeypatch.setattr(launch, "_FIRST_LAUNCH", True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a = torch.randn(5, 24, dtype=torch.float32, device=device)
+    b = torch.randn(24, 7, dtype=torch.float32, device=device)
+    for _ in range(2):
+        out = mm.matmul_triton(a, b, hw="h200")
+        torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-4)
+    assert setup.calls == 1
