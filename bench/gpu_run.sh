@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
-# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound}...   Logs go to $OUT (or /tmp).
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,first_call}...   Logs go to $OUT (or /tmp).
+# first_call: only matmul's first-call latencies, 3 repeats (they move by tenths of a second between processes).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-run}
@@ -15,6 +16,7 @@ for step in "$@"; do
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
         matmul) python3 bench/matmul.py 2>&1 | tee "$OUT/bench_matmul.log" || status=1 ;;
         membound) python3 bench/membound.py 2>&1 | tee "$OUT/bench_membound.log" || status=1 ;;
+        first_call) python3 bench/matmul.py --first-call-only --repeats 3 2>&1 | tee "$OUT/bench_first_call.log" || status=1 ;;
         *) echo "unknown step $step"; status=2 ;;
     esac
 done

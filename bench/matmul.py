@@ -3,6 +3,7 @@
 
     python3 bench/matmul.py                 # the H200 run recorded in bench/RESULTS.md
     python3 bench/matmul.py --cpu-smoke     # tiny fp16 shapes in Triton's interpreter (no GPU)
+    python3 bench/matmul.py --first-call-only --repeats 3   # only the first-call latencies, 3 times
 
 For each shape (bf16): TFLOP/s of
   (a) matmul          the dispatched policy (Triton, or cuBLAS where the policy says it wins)
@@ -31,6 +32,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +68,18 @@ def parse() -> argparse.Namespace:
         help="interleaved rounds per shape (10: each of 5 methods twice in each place)",
     )
     p.add_argument("--overhead-calls", type=int, default=3000)
+    p.add_argument(
+        "--first-call-only",
+        action="store_true",
+        help="measure only the first-call latencies (fresh processes), --repeats times",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="first-call measurements per shape and Triton state; the order of generated and autotune"
+        " alternates between repeats (default 1)",
+    )
     p.add_argument("--first-call", choices=["generated", "autotune"], help=argparse.SUPPRESS)
     p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
     p.add_argument("--again-m", type=int, default=None, help=argparse.SUPPRESS)
@@ -332,45 +346,62 @@ def first_call_child() -> None:
 
 
 def first_call_latency(hw) -> list[dict]:
+    # --repeats times over every case; the order of the two methods alternates between repeats, so
+    # neither always runs first on a freshly started machine.
     rows = []
     cases = [((33, 70, 48), 31)] if ARGS.cpu_smoke else FIRST_CALL
-    for (M, N, K), again_m in cases:
-        for warm in (False, True):
-            row = {"shape": [M, N, K], "again_m": again_m, "triton_initialised": warm}
-            for method in ("generated", "autotune"):
-                with tempfile.TemporaryDirectory() as cache:
-                    env = dict(os.environ, TRITON_CACHE_DIR=cache)
-                    cmd = [
-                        sys.executable,
-                        __file__,
-                        "--first-call",
-                        method,
-                        "--shape",
-                        f"{M}x{N}x{K}",
-                        "--again-m",
-                        str(again_m),
-                    ]
-                    cmd += ["--hw", hw] if hw else []
-                    cmd += ["--cpu-smoke"] if ARGS.cpu_smoke else []
-                    cmd += ["--warm-triton"] if warm else []
-                    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-                    if proc.returncode != 0:
-                        row[method] = {"error": proc.stderr[-2000:]}
-                        continue
-                    row[method] = json.loads(proc.stdout.strip().splitlines()[-1])
-            rows.append(row)
-            g, t = row.get("generated", {}), row.get("autotune", {})
-            label = "Triton already initialised" if warm else "cold"
-            if "first_s" in g and "first_s" in t:
-                print(
-                    f"first call {M}x{N}x{K} ({label}): generated {g['first_s']:.2f} s, autotune {t['first_s']:.2f} s "
-                    f"({g['first_s'] / t['first_s']:.2f}x); new M={again_m}: generated "
-                    f"{g['again_new_m_s'] * 1e3:.2f} ms, autotune {t['again_new_m_s'] * 1e3:.1f} ms",
-                    flush=True,
-                )
-            else:
-                print(f"first call {M}x{N}x{K} ({label}): {row}", flush=True)
+    for rep in range(ARGS.repeats):
+        methods = ("generated", "autotune") if rep % 2 == 0 else ("autotune", "generated")
+        for (M, N, K), again_m in cases:
+            for warm in (False, True):
+                row = {"shape": [M, N, K], "again_m": again_m, "triton_initialised": warm, "repeat": rep}
+                for method in methods:
+                    row[method] = first_call_process(hw, method, (M, N, K), again_m, warm)
+                rows.append(row)
+                g, t = row["generated"], row["autotune"]
+                label = "Triton already initialised" if warm else "cold"
+                label += f", repeat {rep + 1}" if ARGS.repeats > 1 else ""
+                if "first_s" in g and "first_s" in t:
+                    print(
+                        f"first call {M}x{N}x{K} ({label}): generated {g['first_s']:.2f} s, autotune {t['first_s']:.2f} s "
+                        f"({g['first_s'] / t['first_s']:.2f}x); new M={again_m}: generated "
+                        f"{g['again_new_m_s'] * 1e3:.2f} ms, autotune {t['again_new_m_s'] * 1e3:.1f} ms",
+                        flush=True,
+                    )
+                else:
+                    print(f"first call {M}x{N}x{K} ({label}): {row}", flush=True)
     return rows
+
+
+def first_call_process(hw, method: str, shape: tuple[int, int, int], again_m: int, warm: bool) -> dict:
+    """One first-call measurement in a fresh process with an empty Triton cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=cache)
+        cmd = [sys.executable, __file__, "--first-call", method, "--shape", "x".join(map(str, shape))]
+        cmd += ["--again-m", str(again_m)]
+        cmd += ["--hw", hw] if hw else []
+        cmd += ["--cpu-smoke"] if ARGS.cpu_smoke else []
+        cmd += ["--warm-triton"] if warm else []
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            return {"error": proc.stderr[-2000:]}
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def first_call_summary(rows: list[dict]) -> list[dict]:
+    """Per shape and Triton state: the ratios generated / autotune of every repeat, and their range."""
+    summary: dict[tuple, dict] = {}
+    for r in rows:
+        g, t = r["generated"], r["autotune"]
+        if "first_s" not in g or "first_s" not in t:
+            continue
+        key = (tuple(r["shape"]), r["triton_initialised"])
+        entry = summary.setdefault(key, {"shape": r["shape"], "triton_initialised": key[1], "ratios": []})
+        entry["ratios"].append(g["first_s"] / t["first_s"])
+    for entry in summary.values():
+        entry["min"], entry["max"] = min(entry["ratios"]), max(entry["ratios"])
+        entry["median"] = statistics.median(entry["ratios"])
+    return list(summary.values())
 
 
 def geomean(values) -> float:
@@ -392,6 +423,20 @@ def main() -> None:
         "target": target_name(hw, torch.device(DEVICE)),
     }
     print(json.dumps(env), flush=True)
+    if ARGS.first_call_only:
+        first = first_call_latency(hw)
+        spread = first_call_summary(first)
+        for e in spread:
+            state = "initialised" if e["triton_initialised"] else "cold"
+            print(
+                f"first call {'x'.join(map(str, e['shape']))} ({state}): generated / autotune over "
+                f"{len(e['ratios'])} repeats: min {e['min']:.2f}x, median {e['median']:.2f}x, max {e['max']:.2f}x",
+                flush=True,
+            )
+        if os.environ.get("OUT"):
+            result = {"env": env, "first_call": first, "first_call_summary": spread}
+            Path(os.environ["OUT"], "matmul_first_call.json").write_text(json.dumps(result, indent=1))
+        return
     configs = candidate_configs(hw)
     print(f"autotune candidates ({len(configs)}): {configs}", flush=True)
     # The interpreter has no driver to benchmark with: the smoke run checks the wiring with one config.
@@ -423,6 +468,7 @@ def main() -> None:
         "host_overhead_us": overhead,
         "decode_eager_loop_us": decode_loop,
         "first_call": first,
+        "first_call_summary": first_call_summary(first),
         "summary": summary,
     }
     if os.environ.get("OUT"):

@@ -39,6 +39,18 @@ def test_matmul_bench_smoke(tmp_path):
     assert len(re.findall(r"first call 33x70x48 \(.*\): generated [\d.]+ s, autotune [\d.]+ s", out)) == 2, out
 
 
+def test_matmul_bench_first_call_only_repeats(tmp_path):
+    out = run_bench("matmul.py", tmp_path, "--first-call-only", "--repeats", "2").stdout
+    assert "| shape (M, N, K) |" not in out  # no throughput table: only the first calls
+    for state in ("cold", "Triton already initialised"):
+        for rep in (1, 2):
+            assert re.search(rf"first call 33x70x48 \({state}, repeat {rep}\): generated [\d.]+ s", out), out
+    result = json.loads((tmp_path / "matmul_first_call.json").read_text())
+    assert [r["repeat"] for r in result["first_call"]] == [0, 0, 1, 1]
+    for entry in result["first_call_summary"]:
+        assert len(entry["ratios"]) == 2 and entry["min"] <= entry["median"] <= entry["max"]
+
+
 def test_membound_bench_smoke(tmp_path):
     out = run_bench("membound.py", tmp_path, "--smoke-compile").stdout
     assert "correctness: 13/13 OK" in out  # the correctness phase's own sizes
