@@ -11,6 +11,7 @@ import pytest
 import torch
 import triton
 
+from generated import _launch as launch
 from generated import matmul as mm
 from generated.dispatch import HARDWARE
 
@@ -480,7 +481,7 @@ def test_a_write_to_out_bumps_its_version():
 def test_offsets_past_32_bits_go_to_torch_matmul_or_raise(monkeypatch):
     """A 70x64 view with row stride 2**25 (a column slice of a 4.3 GiB tensor) has 4,480 elements
     but offsets past 2**31: the kernels' 32-bit index arithmetic would wrap.  Meta tensors: no memory."""
-    monkeypatch.setattr(mm, "_INTERPRET", True)  # past the CUDA check, to the offset check
+    monkeypatch.setattr(launch, "_INTERPRET", True)  # past the CUDA check, to the offset check
     big = torch.empty(2**25 * 69 + 64, dtype=torch.float16, device="meta")
     a = big.as_strided((70, 64), (2**25, 1))
     b = torch.empty(64, 32, dtype=torch.float16, device="meta")
@@ -500,7 +501,7 @@ def test_offsets_past_32_bits_go_to_torch_matmul_or_raise(monkeypatch):
 
 def test_cpu_tensors_without_the_interpreter(monkeypatch):
     """Compiled kernels need CUDA tensors: matmul falls back to torch.matmul, matmul_triton says so."""
-    monkeypatch.setattr(mm, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "_INTERPRET", False)
     a, b = torch.randn(33, 20), torch.randn(20, 70)
     torch.testing.assert_close(mm.matmul(a, b, hw="bi_v100"), a @ b)
     with pytest.raises(ValueError, match=r"need CUDA tensors \(got cpu; TRITON_INTERPRET=1"):
