@@ -26,7 +26,7 @@ from typing import Sequence, TextIO
 from . import pipeline, write
 from .errors import SpecErrors
 from .render import Rendered
-from .resolve import Resolution
+from .records import Resolution
 
 EXIT_OK, EXIT_STALE, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_IO = EXIT_INVALID  # generated/ (or a spec file) cannot be read or written
@@ -132,7 +132,7 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
     variants = [
         v
         for v in res.variants
-        if kernel is None or kernel in (v.config.name, v.variant) or v.config.spec.aliases.get(kernel) == v.variant
+        if kernel is None or kernel in (v.config.name, v.variant) or v.config.aliases.get(kernel) == v.variant
     ]
     if not variants:
         known = sorted({v.config.name for v in res.variants} | {v.variant for v in res.variants})
@@ -144,7 +144,7 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
         cfg = vr.config
         src = cfg.source
         params = ", ".join(f"{k}={v!r}" for k, v in sorted(vr.params.items()))
-        title = f"== {vr.variant} ({cfg.spec.record}, {src.path}{'; ' + params if params else ''}) =="
+        title = f"== {vr.variant} ({cfg.record}, {src.path}{'; ' + params if params else ''}) =="
         targets = [t for t in vr.resolved if hw is None or t == hw]
         rows = [["target", "vendor", "arch", "policy (file:line)", "instantiation"]]
         for t in targets:
@@ -171,7 +171,7 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
             for inst in insts:
                 assert inst.value.buckets is not None
                 lines.append(f"{inst.suffix} buckets (first match wins):")
-                fields = list(cfg.spec.fields)
+                fields = list(cfg.fields)
                 brows = [["bucket", "bounds"] + fields]
                 for b in inst.value.buckets:
                     bounds = " ".join(f"{x.dim}{'<=' if x.kind == 'max' else '>='}{x.value}" for x in b.bounds) or "any"
@@ -179,7 +179,7 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
                 lines += [_table(brows), ""]
         else:
             frows = [["field"] + [i.suffix for i in insts]]
-            for j, fname in enumerate(cfg.spec.fields):
+            for j, fname in enumerate(cfg.fields):
                 frows.append([fname] + [repr(i.value.record[j][1]) for i in insts])  # type: ignore[index]
             lines += [_table(frows), ""]
         blocks.append("\n".join(lines))

@@ -10,7 +10,9 @@ exits 2; nothing that raises ``SpecErrors`` has touched ``generated/``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+from pydantic import BaseModel, ValidationError
 
 KeyPath = tuple[str | int, ...]
 
@@ -73,3 +75,37 @@ class SpecErrors(Exception):
         self.problems = tuple(problems)
         assert self.problems, "SpecErrors needs at least one problem"
         super().__init__("\n".join(p.render() for p in self.problems))
+
+
+# ---------------------------------------------------------------------------
+# Pydantic errors as spec problems
+
+
+def validate(model: type[BaseModel], data: Any, source: Any, prefix: KeyPath, problems: list[SpecProblem]) -> Any:
+    """Validate ``data`` with a pydantic model; turn each error into a SpecProblem located by
+    ``source`` (a records.Source).  None when invalid."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            loc = prefix + tuple(err["loc"])
+            # pydantic reports union members and "[key]" as extra loc parts; drop those.
+            loc = tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p.endswith("]"))))
+            rule = explain_pydantic(err)
+            if err["type"] == "missing":
+                problems.append(source.problem(loc, rule))
+            else:
+                problems.append(source.problem(loc, rule, value=err.get("input")))
+        return None
+
+
+def explain_pydantic(err: Mapping[str, Any]) -> str:
+    kind = err["type"]
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "extra_forbidden":
+        return "unknown key (not part of this spec's schema)"
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return msg

@@ -50,11 +50,6 @@ from pydantic import (
     model_validator,
 )
 
-# Vendors the compiler knows.  Arch numbers are per vendor and never compared
-# across vendors: iluvatar 100 (BI-V100) and nvidia 100 (B200) never meet.
-VENDORS = ("iluvatar", "nvidia")
-Vendor = Literal["iluvatar", "nvidia"]
-
 IDENT = r"^[a-z][a-z0-9_]*$"
 Ident = Annotated[str, Field(pattern=IDENT)]
 PosInt = Annotated[StrictInt, Field(gt=0)]
@@ -113,56 +108,86 @@ class Spec(BaseModel):
 
 
 # ---------------------------------------------------------------------------
+# Vendors
+
+
+class VendorSpec(Spec):
+    """``specs/vendors/<name>.toml``: what detection needs to know of a vendor's devices.
+
+    Arch numbers are the vendor's own; this says how a device's report becomes one.
+    """
+
+    display_name: StrictStr
+    # How torch's report of a device becomes this vendor's arch number:
+    #   "capability": 10 * major + minor of torch.cuda.get_device_capability (NVIDIA 9.0 -> 90).
+    #   "gfx": the number in the device's gcnArchName ("gfx942:sramecc+:xnack-" -> 942; a
+    #          stepping letter counts as its hex digit: "gfx90a" -> 910).
+    arch_from: Literal["capability", "gfx"]
+    # Whole words (any case) in a device name that identify the vendor when no hardware spec's
+    # device_names matched ("Instinct", "Radeon").
+    name_words: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = ()
+    # True for the vendor a device name without any vendor's words is taken to be (at most one).
+    default: StrictBool = False
+    # True if the vendor's devices appear through torch's ROCm (HIP) build: a process on a HIP
+    # build of torch sees only such vendors.
+    hip: StrictBool = False
+
+
+# ---------------------------------------------------------------------------
 # Hardware
 
 
 class Features(Spec):
     """Architectural features that select kernel structure, not just sizes."""
 
-    # cp.async (Ampere+): global->shared copies that overlap compute, which is
-    # what Triton's software pipelining (num_stages > 1) relies on.
-    async_copy: StrictBool
-    # Tensor Memory Accelerator bulk tensor copies (Hopper+): tensor
-    # descriptors in Triton kernels.
-    tma: StrictBool
-    # Warpgroup MMA (sm_90a only): Triton's Hopper matmul path.
-    wgmma: StrictBool
-    # 5th-generation tensor core instructions with tensor memory (sm_100).
-    tcgen05: StrictBool
-    # Thread block clusters usable from Triton (broken on sm_121, Triton #8335).
-    clusters: StrictBool
+    async_copy: StrictBool = Field(
+        description="Async global->shared copies (cp.async, Ampere+): what num_stages > 1 relies on."
+    )
+    tma: StrictBool = Field(description="Tensor Memory Accelerator bulk copies (Hopper+): tensor descriptors.")
+    wgmma: StrictBool = Field(description="Warpgroup MMA (sm_90a): Triton's Hopper matmul path.")
+    tcgen05: StrictBool = Field(description="5th-generation tensor core instructions with tensor memory (sm_100).")
+    clusters: StrictBool = Field(
+        description="Thread block clusters usable from Triton (broken on sm_121, Triton #8335)."
+    )
+
+
+def _doc(text: str) -> Any:
+    """A field's description: why it exists.  The generated HardwareCapability prints it as the
+    comment above the field, so the field list and its comments have one source (this model)."""
+    return Field(description=text)
 
 
 class HardwareSpec(Spec):
-    """One target part.  Field names of the seed's HardwareCapability are kept."""
+    """One target part.  Field names (and order) of the seed's HardwareCapability come first;
+    the generated ``HardwareCapability`` has exactly these fields (``HW_RECORD_FIELDS``)."""
 
-    display_name: StrictStr
-    vendor: Vendor
-    # The vendor's own architecture number (NVIDIA: 10*major + minor of the
-    # compute capability; Iluvatar: its own numbering).  Policies chain on it.
-    arch: PosInt
-    # Substrings of the device name reported by the driver
-    # (torch.cuda.get_device_name) that identify this part; detect_hardware
-    # matches them before falling back to the arch.
-    device_names: tuple[Annotated[StrictStr, Field(min_length=1)], ...]
-    warp_size: PosInt
-    max_threads_per_block: PosInt
-    # Resident threads per SM; bounds occupancy.
-    max_threads_per_sm: PosInt
-    # Shared memory a block gets without opting in (48 KB on NVIDIA).
-    max_shared_memory_per_block: PosInt
-    # Shared memory a block may opt in to (Triton does so automatically); the
-    # limit a Triton kernel's tiles must fit.
-    max_shared_memory_per_block_optin: PosInt
-    shared_memory_per_sm: PosInt
-    max_registers_per_thread: PosInt
+    display_name: StrictStr = _doc("Marketing name of the part.")
+    # A vendor of specs/vendors/ (load.py checks it): arch numbers are per vendor and never
+    # compared across vendors (iluvatar 100, the BI-V100, and nvidia 100, the B200, never meet).
+    vendor: Ident = _doc("Vendor spec name (specs/vendors/<vendor>.toml).")
+    # The vendor's own architecture number (NVIDIA: 10*major + minor of the compute capability;
+    # AMD: the gfx target's number; Iluvatar: its own numbering).  Policies chain on it.
+    arch: PosInt = _doc("Vendor's own architecture number; policies chain on it.")
+    warp_size: PosInt = _doc("Threads per warp (wavefront).")
+    max_threads_per_block: PosInt = _doc("Most threads in one block.")
+    max_shared_memory_per_block: PosInt = _doc("Shared memory a block gets without opt-in (48 KB on NVIDIA).")
+    max_registers_per_thread: PosInt = _doc("Registers one thread may use.")
     # None where the vendor publishes no figure (GB10); no rule may then read it.
-    l2_cache_size_bytes: PosInt | None = None
-    memory_bandwidth_gbps: PosInt
-    sm_count: PosInt
-    # Bytes each SM must keep in flight to saturate memory (CCCL's
-    # arch_to_min_bytes_in_flight for NVIDIA; measured for BI-V100).
-    bytes_in_flight: PosInt
+    l2_cache_size_bytes: PosInt | None = Field(
+        default=None, description="L2 cache size; None where the vendor publishes none."
+    )
+    memory_bandwidth_gbps: PosInt = _doc("Peak memory bandwidth (datasheet).")
+    sm_count: PosInt = _doc("Streaming multiprocessors (compute units).")
+    # CCCL's arch_to_min_bytes_in_flight for NVIDIA; measured for BI-V100.
+    bytes_in_flight: PosInt = _doc("Bytes each SM keeps in flight to saturate memory (CCCL's table for NVIDIA).")
+    # Triton opts in automatically: the limit a Triton kernel's tiles must fit.
+    max_shared_memory_per_block_optin: PosInt = _doc("Shared memory a block may opt in to: the limit Triton kernels fit.")
+    shared_memory_per_sm: PosInt = _doc("Shared memory per SM.")
+    max_threads_per_sm: PosInt = _doc("Resident threads per SM; bounds occupancy.")
+    # detect_hardware matches them before falling back to the arch.
+    device_names: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = _doc(
+        "Whole-word, case-insensitive substrings of the driver's device name that identify this part."
+    )
     features: Features
 
     @model_validator(mode="after")
@@ -181,6 +206,30 @@ class HardwareSpec(Spec):
         return self
 
 
+# The generated HardwareCapability's fields, in order: (record field, type, comment), from the
+# model above (``arch`` keeps the seed's name ``arch_version``; features are flattened).  The
+# template prints this list; nothing else spells the field list out.
+_RECORD_NAMES = {"arch": "arch_version"}
+_PY_TYPES = {"display_name": "str", "vendor": "str", "device_names": "tuple[str, ...]"}
+
+
+def _record_fields() -> tuple[tuple[str, str, str, str], ...]:
+    out = [("name", "name", "str", "Spec name (file stem): the key of HARDWARE and of every dispatch table.")]
+    for attr, info in HardwareSpec.model_fields.items():
+        if attr == "features":
+            continue
+        if attr in _PY_TYPES:
+            pytype = _PY_TYPES[attr]
+        elif attr == "l2_cache_size_bytes":
+            pytype = "Optional[int]"
+        else:
+            pytype = "int"
+        out.append((attr, _RECORD_NAMES.get(attr, attr), pytype, info.description or ""))
+    for attr, info in Features.model_fields.items():
+        out.append((attr, attr, "bool", info.description or ""))
+    return tuple(out)
+
+
 # What rules read as ``hw.<attr>``: every number and flag of the part (its features
 # flattened), its spec name and a derived figure; not its display name or device names.
 # ``load.py`` accepts exactly these attributes and ``resolve.py`` builds exactly this
@@ -193,6 +242,7 @@ HW_RULE_ATTRS: tuple[str, ...] = tuple(
         | {"name", "bandwidth_per_sm_gbps"}
     )
 )
+HW_RECORD_FIELDS = _record_fields()
 
 
 def hw_rule_namespace(name: str, spec: HardwareSpec) -> dict[str, Any]:
@@ -244,6 +294,10 @@ class FieldSpec(Spec):
     doc: DocText
     # Allowed values (for enumerations such as a kernel kind).
     choices: tuple[Scalar, ...] | None = None
+    # The value where no policy in a target's chain sets the field: a literal or a rule
+    # (``{ expr = "hw.sm_count if split_k > 1 else 0" }``), so that a derived default is stated
+    # once, not written into every policy and checked afterwards.  load.py parses it.
+    default: Scalar | dict[str, Any] | None = None
 
 
 class ExprRule(Spec):
@@ -354,7 +408,50 @@ class ConfigSpec(Spec):
 
 
 # Keys of a policy table that are not record fields.
-POLICY_KEYS = ("vendor", "min_arch", "max_arch", "note", "bucket")
+POLICY_KEYS = ("vendor", "min_arch", "max_arch", "targets", "note", "bucket")
 # Keys of a bucket table that are not record fields: a name and bounds.
 BUCKET_KEYS = ("name", "note")
 BOUND_RE = re.compile(r"^([a-z])_(min|max)$")
+
+
+# ---------------------------------------------------------------------------
+# Generated modules (kernel families)
+
+
+class ReadSpec(Spec):
+    """What a generated module reads of one config, checked before anything is rendered: a spec
+    tree that lacks it fails the build (exit 2) instead of building a module that fails at run
+    time."""
+
+    # Dispatch names (variants, or aliases of a plain config) the module looks up.
+    variants: tuple[Ident, ...] = ()
+    # Record fields it reads.
+    fields: tuple[FieldName, ...] = ()
+    # Variant parameters its template (or context file) reads.
+    params: tuple[Ident, ...] = ()
+    # Whether it expects a bucketed config, and the bucket dimensions it can select on.
+    bucketed: StrictBool = False
+    dims: tuple[Annotated[str, Field(pattern=r"^[a-z]$")], ...] = ()
+
+
+ModuleFile = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")]
+
+
+class ModuleSpec(Spec):
+    """``specs/modules/<name>.toml``: one generated module, ``generated/<name>.py``.
+
+    A kernel family is this file, its template and (if it needs one) a context file beside the
+    template; the compiler itself names no family.
+    """
+
+    # One line for generated/__init__.py's list of modules.
+    doc: DocText
+    # Jinja2 template, looked up in <root>/templates first, then in the packaged templates.
+    template: ModuleFile
+    # Optional Python file beside the template (same lookup) defining
+    # ``context(ctx: dict) -> dict``: family-specific values computed from the generic context
+    # (names and data only; see codegen/context.py), merged into it.
+    context: ModuleFile | None = None
+    # Config name -> what the module reads of it.  Its header names these configs' spec files,
+    # and the template sees exactly these configs as ``configs``.
+    reads: dict[Ident, ReadSpec] = Field(min_length=1)

@@ -16,86 +16,38 @@ For every config variant and every target:
    memory is not monotonic in arch (8.0: 163 KB per block, 8.6/8.9: 99 KB).
 4. Collapse: targets of one vendor whose resolved records are equal (by
    value, neighbours or not) share one instantiation, named after the lowest
-   arch in the group (CCCL's lowest-CC resolver).
+   arch in the group (CCCL's lowest-CC resolver) and a digest of its values
+   (``nvidia80_3fa2c1``): adding a target never renames an instantiation whose
+   values did not change, since the name depends on nothing but the group.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping
 
 from . import rules
 from .errors import SpecErrors, SpecProblem
-from .load import Bound, Check, Config, Hardware, Policy, SpecTree, Value
+from .records import (
+    Check,
+    Config,
+    ExprValue,
+    FrozenMap,
+    Hardware,
+    Instantiation,
+    LiteralValue,
+    Policy,
+    Record,
+    Resolution,
+    Resolved,
+    ResolvedBucket,
+    SpecTree,
+    Value,
+    VariantResolution,
+)
 from .models import hw_rule_namespace, model_rule_namespace
-
-Record = tuple[tuple[str, Any], ...]  # (field, value) in declared field order
-
-
-@dataclass(frozen=True)
-class ResolvedBucket:
-    name: str
-    note: str
-    bounds: tuple[Bound, ...]
-    record: Record
-
-    @property
-    def key(self) -> tuple:
-        return (self.name, self.bounds, self.record)
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """One config variant on one target."""
-
-    target: str
-    policy: Policy
-    record: Record | None  # plain configs
-    buckets: tuple[ResolvedBucket, ...] | None  # bucketed configs
-
-    @property
-    def key(self) -> tuple:
-        """What makes two targets share an instantiation: the values, not where they came from."""
-        if self.buckets is not None:
-            return tuple(b.key for b in self.buckets)
-        return self.record  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class Instantiation:
-    """A group of targets of one vendor with equal resolved values."""
-
-    suffix: str  # e.g. "nvidia80": vendor and lowest arch in the group
-    vendor: str
-    arch: int
-    targets: tuple[str, ...]  # sorted by (arch, name)
-    policies: tuple[str, ...]  # labels of the policies the members chained to
-    value: Resolved  # the member with the lowest arch (all members' keys are equal)
-
-
-@dataclass(frozen=True)
-class VariantResolution:
-    config: Config
-    variant: str
-    params: Mapping[str, Any]
-    resolved: Mapping[str, Resolved]  # target name -> resolution, in target order
-    instantiations: tuple[Instantiation, ...]  # sorted by (vendor, arch, suffix)
-    target_instantiation: Mapping[str, str]  # target name -> instantiation suffix
-
-    @property
-    def name(self) -> str:
-        return self.variant
-
-
-@dataclass(frozen=True)
-class Resolution:
-    tree: SpecTree
-    variants: tuple[VariantResolution, ...]  # sorted by (config name, variant name)
-
-    def for_config(self, name: str) -> tuple[VariantResolution, ...]:
-        return tuple(v for v in self.variants if v.config.name == name)
-
 
 # ---------------------------------------------------------------------------
 
@@ -111,7 +63,7 @@ def resolve(tree: SpecTree) -> Resolution:
     hw_ns = {hw.name: hw_namespace(hw) for hw in tree.hardware}
     out: list[VariantResolution] = []
     for cfg in tree.configs:
-        model_ns = model_rule_namespace(tree.models[cfg.spec.model].spec) if cfg.spec.model else {}
+        model_ns = model_rule_namespace(tree.models[cfg.model].spec) if cfg.model else {}
         for variant in sorted(cfg.variants):
             params = cfg.variants[variant]
             problems: list[SpecProblem] = []
@@ -142,11 +94,15 @@ def _merge_variants(found: list[tuple[SpecProblem, Config, str]]) -> list[SpecPr
 
 
 def chain(cfg: Config, hw: Hardware) -> Policy | None:
-    """The policy that serves ``hw``: the largest threshold <= its arch, same vendor only."""
+    """The policy that serves ``hw``: the largest threshold <= its arch, same vendor only; at
+    one threshold, a policy limited to named targets that include ``hw`` wins."""
     best = None
     for pol in cfg.policies:
+        if pol.targets is not None and hw.name not in pol.targets:
+            continue
         if pol.vendor == hw.spec.vendor and pol.min_arch is not None and pol.min_arch <= hw.spec.arch:
-            if best is None or pol.min_arch > best.min_arch:  # type: ignore[operator]
+            rank = (pol.min_arch, pol.targets is not None)
+            if best is None or rank > (best.min_arch, best.targets is not None):
                 best = pol
     if best is not None and best.max_arch is not None and hw.spec.arch > best.max_arch:
         best = None
@@ -163,7 +119,9 @@ def _resolve_one(
 ) -> Resolved | None:
     policy = chain(cfg, hw)
     if policy is None:
-        vendor_policies = [p for p in cfg.policies if p.vendor == hw.spec.vendor]
+        vendor_policies = [
+            p for p in cfg.policies if p.vendor == hw.spec.vendor and (p.targets is None or hw.name in p.targets)
+        ]
         if vendor_policies and all(p.min_arch > hw.spec.arch for p in vendor_policies):  # type: ignore[operator]
             why = (
                 f"arch {hw.spec.arch} is below every {hw.spec.vendor} threshold "
@@ -210,9 +168,19 @@ def _evaluate(
     problems: list[SpecProblem],
 ) -> Record | None:
     """Evaluate every field of one record, then run the config's checks on it."""
+    missing = [f for f in cfg.fields if f not in values]
+    if missing:
+        problems.append(
+            cfg.source.problem(
+                keypath,
+                f"{context}: no value for field(s) {', '.join(missing)} of {cfg.record}: neither this policy, "
+                "the policies it chains from, nor the fields' defaults set them",
+            )
+        )
+        return None
     scope = _Scope(cfg, values, params, hw_ns, model_ns)
     record = []
-    for name, field_spec in cfg.spec.fields.items():
+    for name, field_spec in cfg.fields.items():
         try:
             value = scope.get(name)
         except rules.RuleError as exc:
@@ -296,8 +264,12 @@ class _Scope:
         params: Mapping[str, Any],
         hw_ns: Mapping[str, Any],
         model_ns: Mapping[str, Any],
+        fixed: Mapping[str, Any] | None = None,
     ):
         self.cfg = cfg
+        # A pick's candidate under test: the field's value while its ``where`` (and every
+        # derived value it reads) is evaluated.
+        self.fixed = fixed or {}
         self.values = values
         self.params = params
         self.hw_ns = hw_ns
@@ -305,15 +277,16 @@ class _Scope:
         self.cache: dict[str, Any] = {}
         self.stack: list[str] = []
 
-    def env(self, override: tuple[str, Any] | None = None) -> rules.Env:
-        def lookup(name: str) -> Any:
-            if override is not None and name == override[0]:
-                return override[1]
-            return self.get(name)
+    def env(self) -> rules.Env:
+        return rules.Env(self.get, {"hw": self.hw_ns, "model": self.model_ns})
 
-        return rules.Env(lookup, {"hw": self.hw_ns, "model": self.model_ns})
+    def trying(self, name: str, candidate: Any) -> "_Scope":
+        """A scope in which ``name`` is ``candidate``: derived values that read it follow."""
+        return _Scope(self.cfg, self.values, self.params, self.hw_ns, self.model_ns, {**self.fixed, name: candidate})
 
     def get(self, name: str) -> Any:
+        if name in self.fixed:
+            return self.fixed[name]
         if name in self.cache:
             return self.cache[name]
         if name in self.params:
@@ -341,17 +314,17 @@ class _Scope:
         return value
 
     def _value(self, name: str, value: Value) -> Any:
-        if value.expr is None:
-            return value.literal
-        if value.candidates is None:
+        if isinstance(value, LiteralValue):
+            return value.value
+        if isinstance(value, ExprValue):
             return rules.evaluate(value.expr, self.env())
         for candidate in value.candidates:
-            if rules.evaluate(value.expr, self.env((name, candidate))):
+            if rules.evaluate(value.where, self.trying(name, candidate).env()):
                 return candidate
         last = value.candidates[-1]
-        why = rules.explain_failure(value.expr, self.env((name, last)))
+        why = rules.explain_failure(value.where, self.trying(name, last).env())
         return _raise(
-            f"no candidate for '{name}' in {list(value.candidates)} satisfies '{value.expr.source}' "
+            f"no candidate for '{name}' in {list(value.candidates)} satisfies '{value.where.source}' "
             f"(the last, {last}: {why})"
         )
 
@@ -361,6 +334,12 @@ def _raise(message: str) -> Any:
 
 
 # ---------------------------------------------------------------------------
+
+
+def value_digest(key: Any) -> str:
+    """Six hex digits of a stable hash of resolved values (their repr: ints, floats, bools,
+    strings and tuples of them print the same on every machine and Python run)."""
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:6]
 
 
 def _collapse(
@@ -378,10 +357,9 @@ def _collapse(
         policies = tuple(dict.fromkeys(resolved[t].policy.label for t in members))
         raw.append((vendor, lead.spec.arch, members, policies))
 
-    base_names = [f"{vendor}{arch}" for vendor, arch, _, _ in raw]
     insts = []
-    for (vendor, arch, members, policies), base in zip(raw, base_names):
-        suffix = base if base_names.count(base) == 1 else f"{base}_{members[0]}"
+    for (vendor, arch, members, policies), (_vendor, key) in zip(raw, groups):
+        suffix = f"{vendor}{arch}_{value_digest(key)}"
         insts.append(Instantiation(suffix, vendor, arch, tuple(members), policies, resolved[members[0]]))
     insts.sort(key=lambda i: (i.vendor, i.arch, i.suffix))
     target_inst = {t: inst.suffix for inst in insts for t in inst.targets}
@@ -389,8 +367,8 @@ def _collapse(
     return VariantResolution(
         config=cfg,
         variant=variant,
-        params=dict(params),
-        resolved=ordered,
+        params=FrozenMap(params),
+        resolved=FrozenMap(ordered),
         instantiations=tuple(insts),
-        target_instantiation={t: target_inst[t] for t in ordered},
+        target_instantiation=FrozenMap((t, target_inst[t]) for t in ordered),
     )

@@ -95,11 +95,39 @@ intermediate_size = 1024
 """
 
 
+def vendor_toml(arch_from: str = "capability", words: tuple[str, ...] = (), default: bool = False, hip: bool = False) -> str:
+    return (
+        f'display_name = "v"\narch_from = "{arch_from}"\nname_words = {list(words)!r}\n'
+        f"default = {str(default).lower()}\nhip = {str(hip).lower()}\n".replace("'", '"')
+    )
+
+
+# The vendors of a test tree unless it names its own.
+VENDORS = {
+    "nvidia": vendor_toml(words=("NVIDIA",), default=True),
+    "iluvatar": vendor_toml(words=("Iluvatar",)),
+    "amd": vendor_toml("gfx", ("AMD",), hip=True),
+}
+
+
 def make_tree(
-    root: Path, hardware: dict[str, str], kernels: dict[str, str], models: dict[str, str] | None = None
+    root: Path,
+    hardware: dict[str, str],
+    kernels: dict[str, str],
+    models: dict[str, str] | None = None,
+    vendors: dict[str, str] | None = None,
+    modules: dict[str, str] | None = None,
 ) -> Path:
     """Write a spec tree under ``root``: {stem: toml text} per folder."""
-    for folder, files in (("hardware", hardware), ("kernels", kernels), ("models", models or {"m": MODEL_TOML})):
+    folders = [
+        ("vendors", VENDORS if vendors is None else vendors),
+        ("hardware", hardware),
+        ("kernels", kernels),
+        ("models", models or {"m": MODEL_TOML}),
+    ]
+    if modules is not None:
+        folders.append(("modules", modules))
+    for folder, files in folders:
         d = root / "specs" / folder
         d.mkdir(parents=True, exist_ok=True)
         for stem, text in files.items():

@@ -136,7 +136,7 @@ def fake_gpus(monkeypatch):
         ),
     )
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(D, "_DETECTED", {})
+    monkeypatch.setattr(D._DETECTOR, "detected", {})
 
     def install(*devs):
         devices[:] = devs
@@ -211,7 +211,7 @@ def test_target_name_normalises_string_int_and_torch_devices(fake_gpus):
         assert target_name(device=torch.device("cuda", 1)) == "h100"
         assert target_name(device="cuda") == "h200"  # no index: the current device
         assert target_name(device=torch.device("cuda:0")) == "h200"
-    assert sorted(D._DETECTED) == [0, 1]  # one cache entry per device index
+    assert sorted(D._DETECTOR.detected) == [0, 1]  # one cache entry per device index
     assert set(queried) == {0, 1}
     n = len(queried)
     target_name(device="cuda:1")

@@ -66,16 +66,20 @@ CASES = [
         "specs/hardware/gb10.toml",
         'vendor = "nvidia"',
         'vendor = "nvidea"',
-        ["specs/hardware/gb10.toml:", "vendor: Input should be 'iluvatar' or 'nvidia'", "(got 'nvidea')"],
+        [
+            "specs/hardware/gb10.toml:",
+            "vendor: unknown vendor; add specs/vendors/nvidea.toml or use one of amd, iluvatar, nvidia",
+            "(got 'nvidea')",
+        ],
         'vendor = "nvidea"',
     ),
     (
         "unknown vendor (policy)",
         "specs/kernels/moe.toml",
         'vendor = "nvidia"',
-        'vendor = "amd"',
-        ["specs/kernels/moe.toml:", "moe.policy[1].vendor: unknown vendor; known: iluvatar, nvidia", "(got 'amd')"],
-        'vendor = "amd"',
+        'vendor = "intel"',
+        ["specs/kernels/moe.toml:", "moe.policy[1].vendor: unknown vendor; known: amd, iluvatar, nvidia", "(got 'intel')"],
+        'vendor = "intel"',
     ),
     (
         "duplicate threshold",
@@ -427,8 +431,8 @@ def test_a_missing_config_is_an_error_naming_the_file_that_should_define_it(proj
         assert result.code == 2 and "Traceback" not in result.err, result
         assert "1 problem" in result.err
         assert (
-            "specs/kernels/cache.toml: cache_launch: config is missing: generated/cache.py needs it "
-            "(variants reshape_and_cache, copy_blocks); define [cache_launch] in specs/kernels/cache.toml"
+            "specs/modules/cache.toml:6: reads.cache_launch: config is missing: generated/cache.py reads it "
+            "(variants reshape_and_cache, copy_blocks); define [cache_launch] in a file under specs/kernels/"
         ) in result.err
     for path in (project / "specs/kernels").glob("*.toml"):
         path.unlink()
@@ -439,7 +443,8 @@ def test_a_missing_config_is_an_error_naming_the_file_that_should_define_it(proj
         ("cache_launch", "cache"),
         ("matmul", "matmul"),
     ):
-        assert f"specs/kernels/{file}.toml: {config}: config is missing: generated/{file}.py needs it" in result.err
+        assert f"reads.{config}: config is missing: generated/{file}.py reads it" in result.err
+        assert f"specs/modules/{file}.toml:" in result.err
     assert snapshot(project / "generated") == before
 
 

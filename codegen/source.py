@@ -1,0 +1,155 @@
+"""Reading spec files: listing folders, decoding text, locating a key path's line.
+
+Every failure becomes a ``SpecProblem`` naming the file (and the line, where
+known), never an exception: load.py collects them all.  Spec files are UTF-8
+without a byte-order mark, as tomllib requires; a float literal generated code
+cannot spell (nan, inf) is found here too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from .errors import KeyPath, SpecProblem, os_reason, problem
+
+
+def listdir(folder: Path, rel: str, problems: list[SpecProblem]) -> list[Path] | None:
+    """The entries of a spec folder, sorted; None (and a problem) when it cannot be listed."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError as exc:
+        problems.append(problem(rel, (), f"cannot list the directory: {os_reason(exc)}"))
+        return None
+
+
+def is_dir(path: Path, rel: str, problems: list[SpecProblem]) -> bool:
+    try:
+        return path.is_dir()
+    except OSError as exc:  # e.g. a folder above it cannot be searched
+        problems.append(problem(rel, (), f"cannot read: {os_reason(exc)}"))
+        return False
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def read_text(path: Path, rel: str, problems: list[SpecProblem]) -> str | None:
+    """A spec file's text: UTF-8 without a byte-order mark (what tomllib reads)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        problems.append(problem(rel, (), f"cannot read the file: {os_reason(exc)}"))
+        return None
+    if data.startswith(_BOM):
+        problems.append(
+            problem(
+                rel,
+                (),
+                "the file starts with a UTF-8 byte-order mark (BOM), which TOML does not allow; "
+                "save it as UTF-8 without a BOM",
+                line=1,
+            )
+        )
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        problems.append(
+            problem(
+                rel,
+                (),
+                f"not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line} cannot be decoded; "
+                "save the file as UTF-8",
+                line=line,
+            )
+        )
+        return None
+
+
+def non_finite(data: Any, keypath: KeyPath):
+    """(key path, value) of every nan or inf float in parsed TOML."""
+    if isinstance(data, float) and not math.isfinite(data):
+        yield keypath, data
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield from non_finite(value, keypath + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from non_finite(value, keypath + (i,))
+
+
+def toml_error_line(message: str) -> int | None:
+    match = re.search(r"line (\d+)", message)
+    return int(match.group(1)) if match else None
+
+
+
+_HEADER_RE = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY_RE = re.compile(r"^\s*([A-Za-z0-9_\-\"'. ]+?)\s*=")
+
+
+def _split_key(text: str) -> list[str]:
+    parts = []
+    for part in re.findall(r'"[^"]*"|\'[^\']*\'|[^.]+', text):
+        part = part.strip()
+        if part[:1] in "\"'":
+            part = part[1:-1]
+        parts.append(part)
+    return parts
+
+
+def locate(text: str, keypath: KeyPath) -> int | None:
+    """Best-effort 1-based line of ``keypath`` in TOML ``text``.
+
+    Tracks table headers, arrays of tables (with their indices) and ``key =``
+    lines; returns the line of the longest prefix of ``keypath`` found.
+    Multi-line strings are skipped.  Good enough for the subset of TOML the
+    specs use; returns None rather than guess.
+    """
+    locations: dict[tuple, int] = {}
+    counters: dict[tuple, int] = {}
+    current: tuple = ()
+    in_multiline: str | None = None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if in_multiline:
+            if stripped.count(in_multiline) % 2 == 1:
+                in_multiline = None
+            continue
+        if not stripped or stripped.startswith("#"):
+            continue
+        header = _HEADER_RE.match(line)
+        if header and not _KEY_RE.match(line):
+            keys = _split_key(header.group(2))
+            path: tuple = ()
+            for i, key in enumerate(keys):
+                path = path + (key,)
+                is_last = i == len(keys) - 1
+                if is_last and header.group(1) == "[[":
+                    counters[path] = counters.get(path, -1) + 1
+                    # a new element resets the counters of arrays nested in it
+                    for other in [k for k in counters if len(k) > len(path) and k[: len(path)] == path]:
+                        del counters[other]
+                    path = path + (counters[path],)
+                elif path in counters:
+                    path = path + (counters[path],)
+            current = path
+            locations.setdefault(current, lineno)
+            continue
+        key = _KEY_RE.match(line)
+        if key:
+            full = current + tuple(_split_key(key.group(1)))
+            locations.setdefault(full, lineno)
+            rest = line[key.end() :]
+            for quote in ('"""', "'''"):
+                if rest.count(quote) % 2 == 1:
+                    in_multiline = quote
+    for n in range(len(keypath), 0, -1):
+        found = locations.get(tuple(keypath[:n]))
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,140 @@
+"""Context of templates/matmul.py.j2 (the matmul family's context file, run by the compiler).
+
+From the generic context (codegen/context.py) of the bucketed ``matmul`` config: one Triton
+kernel per distinct kernel config (named after its constants, so a name never moves when a
+target or bucket is added elsewhere), each target's buckets in order with the kernel that serves
+them, and the dtype tables.  A TMA kernel gets a pointer-kernel fallback with the same tiles, for
+operands TMA cannot describe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Record fields that become a Triton kernel's constants (the rest choose the backend).
+KERNEL_FIELDS = (
+    "kernel",
+    "block_m",
+    "block_n",
+    "block_k",
+    "group_m",
+    "split_k",
+    "num_warps",
+    "num_stages",
+    "flatten",
+    "epilogue_subtile",
+    "num_programs",
+)
+# Who serves a bucket's calls, per backend (the comment above the bucket).
+SERVED_BY = {
+    "triton": "Triton",
+    "library": "vendor library",
+    "triton_in_graphs": "Triton in CUDA graphs, vendor library eagerly",
+}
+# Run-time dimensions of the buckets: spec name -> the selector's argument.
+DIM = {"m": "M", "n": "N", "k": "K"}
+
+
+def kernel_name(tag: str, c: dict[str, Any]) -> str:
+    """``_mm_16bit_grouped_64x64x64_g8_w4_s12_sk2x132``: the kernel's constants, spelt out."""
+    name = f"_mm_{tag}_{c['kernel']}_{c['block_m']}x{c['block_n']}x{c['block_k']}_g{c['group_m']}"
+    name += f"_w{c['num_warps']}_s{c['num_stages']}"
+    if c["split_k"] > 1 or c["num_programs"]:
+        name += f"_sk{c['split_k']}x{c['num_programs']}"
+    if c["flatten"]:
+        name += "_flat"
+    if c["epilogue_subtile"] > 1:
+        name += f"_epi{c['epilogue_subtile']}"
+    return name
+
+
+def kernel_summary(c: dict[str, Any]) -> str:
+    """One line for the comment above a specialized kernel: its structure and constants."""
+    parts = [
+        f"{c['kernel']} {c['block_m']}x{c['block_n']}x{c['block_k']}",
+        f"{c['num_warps']} warps",
+        f"{c['num_stages']} stage{'s' if c['num_stages'] > 1 else ''}",
+    ]
+    if c["split_k"] > 1:
+        if c["kernel"] == "tma_persistent":
+            parts.append(f"the last partial wave of {c['num_programs']} split in K up to {c['split_k']} ways")
+        else:
+            parts.append(f"split-K up to {c['split_k']} within a {c['num_programs']}-program wave")
+    if c["flatten"]:
+        parts.append("flattened")
+    if c["epilogue_subtile"] > 1:
+        parts.append("split epilogue")
+    return ", ".join(parts) + "."
+
+
+def context(ctx: dict[str, Any]) -> dict[str, Any]:
+    kernels: dict[str, dict[str, Any]] = {}
+
+    def kernel_for(tag: str, dtype_bytes: int, consts: dict[str, Any], user: str) -> str:
+        name = kernel_name(tag, consts)
+        entry = kernels.get(name)
+        if entry is None:
+            entry = kernels[name] = {
+                "name": name,
+                "kind": consts["kernel"],
+                "c": consts,
+                "dot_prec": "ieee" if dtype_bytes == 4 else "tf32",
+                "summary": kernel_summary(consts),
+                "users": [],
+                "fallback": None,
+            }
+        entry["users"].append(user)
+        if consts["kernel"] == "tma_persistent":
+            # A split-K fallback splits its one wave of tiles as far as the grouped kernel does.
+            fb = dict(
+                consts,
+                kernel="grouped",
+                flatten=False,
+                epilogue_subtile=1,
+                num_programs=consts["num_programs"] if consts["split_k"] > 1 else 0,
+            )
+            entry["fallback"] = kernel_for(tag, dtype_bytes, fb, f"{user} (non-TMA operands)")
+        return name
+
+    policies = []
+    tables = []
+    for variant in ctx["configs"]["matmul"]["variants"].values():
+        tag = variant["name"].removeprefix("matmul_")
+        dtype_bytes = variant["params"]["dtype_bytes"]
+        selectors = {}
+        for inst in variant["instantiations"]:
+            pname = f"{tag}_{inst['suffix']}"
+            buckets = []
+            for b in inst["buckets"]:
+                rec = b["record"]
+                consts = {f: rec[f] for f in KERNEL_FIELDS}
+                kname = kernel_for(tag, dtype_bytes, consts, f"{pname} {b['name']}")
+                bounds = [f"{DIM[dim]} {'<=' if kind == 'max' else '>='} {value}" for dim, kind, value in b["bounds"]]
+                buckets.append(
+                    {
+                        "index": b["index"],
+                        "name": b["name"],
+                        "library": rec["backend"] == "library",
+                        "eager_library": rec["backend"] == "triton_in_graphs",
+                        "served_by": SERVED_BY[rec["backend"]],
+                        "kernel": kname,
+                        "condition": " and ".join(bounds),
+                        "bounds": ", ".join(bounds) or "any shape",
+                        "note": b["note"],
+                    }
+                )
+            policies.append(
+                {
+                    "name": pname,
+                    "variant": variant["name"],
+                    "origin": inst["origin"],
+                    "targets": inst["targets"],
+                    "buckets": buckets,
+                }
+            )
+            selectors[inst["symbol"]] = pname
+        tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
+    # Pointer kernels first, so a TMA kernel's record can name its fallback.
+    ordered = sorted(kernels.values(), key=lambda k: (k["kind"] == "tma_persistent", k["name"]))
+    kinds = sorted({k["kind"] for k in ordered})
+    return {"kernels": ordered, "kinds": kinds, "policies": policies, "tables": tables}
