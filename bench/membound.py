@@ -68,6 +68,8 @@ import generated.dispatch as D  # noqa: E402
 import generated.transform as T  # noqa: E402
 from bench import reference_ops as R  # noqa: E402
 from bench.timing import cpu_ms, gpu_ms  # noqa: E402
+from policy_runtime import cache as cache_runtime  # noqa: E402
+from policy_runtime import transform as transform_runtime  # noqa: E402
 
 T0 = time.perf_counter()
 DEV = "cpu" if SMOKE else "cuda"
@@ -418,7 +420,7 @@ def phase_copy():
 
 
 def _plan(fn, *args):
-    """Launch plan summary (private helpers of the generated modules; informational only)."""
+    """Launch plan summary (private helpers of policy_runtime; informational only)."""
     try:
         p = fn(*args)
         name = getattr(p.kernel, "__name__", None) or p.kernel.fn.__name__
@@ -474,7 +476,7 @@ def make_cases(target):
                         lambda *a: T.rms_norm(*a[:3], residual=a[3], hw=HW), R.rms_norm_ref, [x, w, EPS, r]
                     ),
                     bytes=(4 if res else 2) * tok * h * es + h * es,
-                    plan=_plan(T._plan_rms_norm, tok, h, es, res, rec["rms_norm"]),
+                    plan=_plan(transform_runtime._plan_rms_norm, tok, h, es, res, rec["rms_norm"]),
                 )
 
             name = f"rms_norm{'+res' if res else ''} T={tok} h={h}"
@@ -489,7 +491,7 @@ def make_cases(target):
                 ref=(R.silu_and_mul_ref, (x,)),
                 check=lambda: same_effect(lambda x: T.silu_and_mul(x, hw=HW), R.silu_and_mul_ref, [x]),
                 bytes=3 * tok * d * es,
-                plan=_plan(T._plan_silu_and_mul, tok, d, es, rec["silu_and_mul"]),
+                plan=_plan(transform_runtime._plan_silu_and_mul, tok, d, es, rec["silu_and_mul"]),
             )
 
         name = f"silu_and_mul T={tok} d={d}"
@@ -511,7 +513,9 @@ def make_cases(target):
                         lambda *a: T.rotary_embedding(*a, hw=HW), R.rotary_embedding_ref, list(args)
                     ),
                     bytes=2 * tok * (H + KH) * rot * es + tok * 8 + tok * rot * es,
-                    plan=_plan(T._plan_rotary_embedding, tok, H, KH, rot, HS, neox, es, rec["rotary_embedding"]),
+                    plan=_plan(
+                        transform_runtime._plan_rotary_embedding, tok, H, KH, rot, HS, neox, es, rec["rotary_embedding"]
+                    ),
                     pattern=(
                         None if tok == 1 else (pattern_copy_fn(tok, H + KH, HS, rot), 2 * tok * (H + KH) * rot * es)
                     ),
@@ -540,7 +544,7 @@ def make_cases(target):
                     lambda *a: C.reshape_and_cache(*a, hw=HW), R.reshape_and_cache_ref, list(args), exact=True
                 ),
                 bytes=4 * tok * KH * HS * es + 8 * tok,
-                plan=_plan(C._plan_reshape_and_cache, tok, KH * HS, HS, es, rec["reshape_and_cache"]),
+                plan=_plan(cache_runtime._plan_reshape_and_cache, tok, KH * HS, HS, es, rec["reshape_and_cache"]),
             )
 
         name = f"reshape_and_cache T={tok} kv={kh}x{HS} bs={BS}"
@@ -562,7 +566,7 @@ def make_cases(target):
                     lambda *a: C.copy_blocks(*a, hw=HW), R.copy_blocks_ref, [kcs, vcs, bm], exact=True
                 ),
                 bytes=2 * 2 * layers * n * block * es + 16 * n,
-                plan=_plan(C._plan_copy_blocks, n, 2 * layers, block, 16 // es, es, rec["copy_blocks"]),
+                plan=_plan(cache_runtime._plan_copy_blocks, n, 2 * layers, block, 16 // es, es, rec["copy_blocks"]),
             )
 
         name = f"copy_blocks pairs={n} layers={layers}"

@@ -9,6 +9,8 @@ must write, and every element of every cache is compared bit for bit with the to
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import torch  # noqa: E402
@@ -20,8 +22,8 @@ from bench.reference_ops import (  # noqa: E402
     swap_blocks_ref,
 )
 from generated.dispatch import dispatch_kernel_config  # noqa: E402
-from generated import _launch as launch  # noqa: E402
-from generated import dispatch  # noqa: E402
+from policy_runtime import cache as runtime  # noqa: E402
+from policy_runtime import launch  # noqa: E402
 from kernel_cases import (  # noqa: E402
     DEVICE,
     DTYPE_IDS,
@@ -46,11 +48,51 @@ def rnd(*shape, dtype=torch.float16):
 
 
 def test_launch_records_cover_every_target():
-    for kernel in ("reshape_and_cache", "copy_blocks"):
-        # The kernels look their records up here: one per target, of the resolver's record type.
-        assert sorted(dispatch._CONFIGS[kernel]) == TARGETS
+    """The kernels read their records from generated/cache.py's tables: one per kernel and
+    target, the record the dispatch module resolved for it."""
+    tables = C._KERNELS.launch
+    assert list(tables) == ["reshape_and_cache", "copy_blocks"]
+    for kernel, table in tables.items():
+        assert sorted(table) == TARGETS
         for t in TARGETS:
-            assert type(dispatch_kernel_config(kernel, t)).__name__ == "CacheLaunch"
+            assert table[t] is dispatch_kernel_config(kernel, t)
+            assert type(table[t]).__name__ == "CacheLaunch"
+
+
+def test_kernels_launch_with_the_tables_they_are_given():
+    """A CacheKernels plans with its own records, for the target its target_name returns
+    (called with hw and the caches' device), and memoises plans per object."""
+    asked = []
+
+    def target_name(hw, device):
+        asked.append((hw, device))
+        return "mine"
+
+    # Records of 64-byte tiles, one warp, under a target name that dispatch does not know.
+    tiny = {
+        k: {"mine": dataclasses.replace(dispatch_kernel_config(k, "h200"), tile_bytes=64, num_warps=1)}
+        for k in runtime.CacheKernels.KERNELS
+    }
+    kernels = runtime.CacheKernels(launch=tiny, target_name=target_name)
+    kcs, vcs = [rnd(6, 4, 2, 8) for _ in range(2)], [rnd(6, 4, 2, 8) for _ in range(2)]
+    ref_k, ref_v = [c.clone() for c in kcs], [c.clone() for c in vcs]
+    mapping = torch.tensor([[0, 3], [2, 5]], device=DEVICE)
+    kernels.copy_blocks(kcs, vcs, mapping, hw="any")
+    copy_blocks_ref(ref_k, ref_v, mapping)
+    for a, b in zip(kcs + vcs, ref_k + ref_v):
+        check_exact(a, b)
+    assert asked == [("any", kcs[0].device)]
+    (key,) = kernels._cb_plans
+    assert key == ("mine", 2, 4, 64, 8, torch.float16)  # pairs, caches, block size, UNIT, dtype
+    # 64-element blocks in 32-element chunks (every target's own record copies a block at once).
+    plan = kernels._cb_plans[key]
+    assert (plan.grid, plan.consts, plan.num_warps, plan.info) == (2 * 4 * 2, (8, 32), 1, 2)
+    assert key not in C._KERNELS._cb_plans
+
+
+def test_kernels_need_exactly_their_tables():
+    with pytest.raises(ValueError, match=r"missing \['copy_blocks'\], unknown none"):
+        runtime.CacheKernels(launch={"reshape_and_cache": {}}, target_name=lambda hw, device: "h200")
 
 
 # ---------------------------------------------------------------------------------- reshape_and_cache
@@ -93,13 +135,13 @@ def test_reshape_and_cache(target, case, dtype):
 def test_reshape_and_cache_plan_follows_the_record():
     """Hand-computed: a tile is tile_bytes of loads (key and value), then shrunk to fill a wave."""
     h200 = dispatch_kernel_config("reshape_and_cache", "h200")  # 4 KiB: 1024 bf16 of key + 1024 of value
-    p = C._plan_reshape_and_cache(16384, 1024, 128, 2, h200)
+    p = runtime._plan_reshape_and_cache(16384, 1024, 128, 2, h200)
     assert (p.grid, p.consts, p.num_warps, p.info) == (16384, (128, 1, 1024), 4, 1)
     bi = dispatch_kernel_config("reshape_and_cache", "bi_v100")  # 16 KiB: 4 tokens of 1024
-    p = C._plan_reshape_and_cache(16384, 1024, 128, 2, bi)
+    p = runtime._plan_reshape_and_cache(16384, 1024, 128, 2, bi)
     assert (p.grid, p.consts, p.num_warps, p.info) == (4096, (128, 4, 1024), 8, 1)
     # 16 tokens: halved while the grid is short of a wave, down to one vector a thread.
-    p = C._plan_reshape_and_cache(16, 1024, 128, 2, bi)
+    p = runtime._plan_reshape_and_cache(16, 1024, 128, 2, bi)
     assert (p.grid, p.consts, p.num_warps) == (8, (128, 2, 1024), 8)
 
 
@@ -209,15 +251,15 @@ def test_copy_blocks_new_caches_same_shape():
 
 def test_copy_blocks_plan_follows_the_record():
     h200 = dispatch_kernel_config("copy_blocks", "h200")  # 4 KiB chunks: 2048 bf16
-    p = C._plan_copy_blocks(1024, 64, 16 * 8 * 128, 8, 2, h200)
+    p = runtime._plan_copy_blocks(1024, 64, 16 * 8 * 128, 8, 2, h200)
     assert (p.grid, p.consts, p.num_warps, p.info) == (1024 * 64 * 8, (8, 2048), 8, 8)
     bi = dispatch_kernel_config("copy_blocks", "bi_v100")  # 16 KiB: one chunk of 8192 a 16 KiB block
-    p = C._plan_copy_blocks(4, 64, 16 * 4 * 128, 1, 2, bi)
+    p = runtime._plan_copy_blocks(4, 64, 16 * 4 * 128, 1, 2, bi)
     assert (p.grid, p.consts, p.info) == (256, (1, 8192), 1)
     # One pair, two caches: halved to fill a wave, but never below one vector a thread.
-    p = C._plan_copy_blocks(1, 2, 16 * 4 * 128, 8, 2, bi)
+    p = runtime._plan_copy_blocks(1, 2, 16 * 4 * 128, 8, 2, bi)
     assert (p.grid, p.consts, p.info) == (8, (8, 2048), 4)
-    p = C._plan_copy_blocks(1, 2, 16 * 8 * 128, 8, 2, h200)
+    p = runtime._plan_copy_blocks(1, 2, 16 * 8 * 128, 8, 2, h200)
     assert (p.grid, p.consts, p.info) == (16, (8, 2048), 8)
 
 

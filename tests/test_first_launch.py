@@ -1,10 +1,11 @@
-"""generated/_launch.py: the setup before a process's first compiled Triton launch.
+"""policy_runtime/launch.py: the setup before a process's first compiled Triton launch.
 
 Triton's driver and its cache key are real only on a GPU machine, so these tests put fakes in
 their places (Triton's lazy ``driver.active`` and ``triton.runtime.cache.triton_key``) and check
 what _ready_triton promises: the two steps run at the same time, in two threads; once per
 process; failures are left for the launch to raise; nothing in the interpreter; and both kernel
-families' launch paths call it.  Its speed is measured by bench/matmul.py's first-call rows.
+families' launch paths call it (every memory-bound kernel of generated/transform.py and
+generated/cache.py, and matmul).  Its speed is measured by bench/matmul.py's first-call rows.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import torch
 import triton
 import triton.runtime.cache
 
-from generated import _launch as launch
+from policy_runtime import launch
+from generated import cache as cache_ops
 from generated import matmul as mm
+from generated import transform as transform_ops
 
 WAIT_S = 10.0
 
@@ -121,6 +124,39 @@ def test_memory_bound_launch_path_sets_up_once(monkeypatch):
     for _ in range(3):
         launch._run(Plan, -1, ())
     assert setup.calls == 1 and launched == [1, 1, 1]  # before the first launch, then never
+
+
+def test_every_memory_bound_kernel_sets_up_through_the_launch_path(monkeypatch):
+    """Each public function of generated/transform.py and generated/cache.py launches through
+    launch._run: in a fresh process, its first call sets up once and its second does not."""
+    setup = CountingSetup()
+    monkeypatch.setattr(launch, "_ready_triton", setup)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(3, 64, device=dev)
+    kv = torch.randn(3, 2, 8, device=dev)  # [tokens, kv_heads, head_size]
+    kc, vc = torch.zeros(4, 2, 2, 8, device=dev), torch.zeros(4, 2, 2, 8, device=dev)
+    slots = torch.tensor([0, 3, 5], device=dev)
+    calls = {
+        "rms_norm": lambda: transform_ops.rms_norm(x, torch.ones(64, device=dev), 1e-6, hw="h200"),
+        "silu_and_mul": lambda: transform_ops.silu_and_mul(x, hw="h200"),
+        "rotary_embedding": lambda: transform_ops.rotary_embedding(
+            torch.zeros(3, dtype=torch.int64, device=dev),
+            x.clone(),
+            None,
+            torch.ones(4, 16, device=dev),
+            16,
+            True,
+            hw="h200",
+        ),
+        "reshape_and_cache": lambda: cache_ops.reshape_and_cache(kv, kv, kc, vc, slots, hw="h200"),
+        "copy_blocks": lambda: cache_ops.copy_blocks([kc], [vc], torch.tensor([[0, 1]], device=dev), hw="h200"),
+    }
+    for name, call in calls.items():
+        monkeypatch.setattr(launch, "_FIRST_LAUNCH", True)
+        before = setup.calls
+        call()
+        call()
+        assert setup.calls == before + 1, name
 
 
 def test_matmul_launch_path_sets_up_once(monkeypatch):
