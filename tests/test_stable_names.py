@@ -1,0 +1,75 @@
+"""Adding a target never renames a generated symbol whose values did not change."""
+
+import re
+import shutil
+
+from conftest import REPO, run_cli
+
+# Module-level names bound to values (not the per-target constants NAME = HARDWARE["name"]).
+SYMBOL = re.compile(r"^(_?[A-Za-z][A-Za-z0-9_]*) = (?!HARDWARE\[)", re.M)
+KERNEL = re.compile(r"^def (_mm_[a-z0-9_]+)\(", re.M)
+
+
+def _symbols(root) -> dict[str, set[str]]:
+    out = {}
+    for name in ("dispatch.py", "matmul.py", "transform.py", "cache.py"):
+        text = (root / "generated" / name).read_text()
+        out[name] = set(SYMBOL.findall(text)) | set(KERNEL.findall(text))
+    return out
+
+
+def _copy(tmp_path, name):
+    root = tmp_path / name
+    shutil.copytree(REPO / "specs", root / "specs")
+    return root
+
+
+def _h200_like(**changes) -> str:
+    text = (REPO / "specs/hardware/h200.toml").read_text()
+    for key, value in changes.items():
+        text = re.sub(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)
+    return text
+
+
+def test_adding_targets_renames_nothing_whose_values_did_not_change(tmp_path):
+    base = _copy(tmp_path, "base")
+    assert run_cli("--root", str(base), "build").code == 0
+    before = _symbols(base)
+    cases = {
+        # Same arch as h200, other SM count: new groups wherever a rule reads sm_count.
+        "h200_cut.toml": _h200_like(sm_count=114, device_names='["H200 CUT"]'),
+        # Same values as h200: joins its groups.
+        "h200_twin.toml": _h200_like(device_names='["H200 TWIN"]'),
+        # A new arch above every NVIDIA spec.
+        "next.toml": _h200_like(arch=130, device_names='["NEXT"]'),
+    }
+    for file, text in cases.items():
+        root = _copy(tmp_path, file.removesuffix(".toml"))
+        (root / "specs/hardware" / file).write_text(text)
+        assert run_cli("--root", str(root), "build").code == 0
+        after = _symbols(root)
+        for module, names in before.items():
+            lost = names - after[module]
+            assert not lost, (file, module, sorted(lost)[:5])
+        if file == "h200_cut.toml":
+            # Rules that read sm_count give it records of its own, under new names.
+            assert any(after[m] - before[m] for m in before), file
+        else:
+            # h200's twin, and the new arch (whose records equal existing ones: the nvidia>=120
+            # policy's, with h200's shared memory), join existing groups: no new name at all.
+            assert after == before, file
+        target = file.removesuffix(".toml")
+        assert f'"{target}": ' in (root / "generated/dispatch.py").read_text()
+
+
+def test_a_symbol_changes_name_when_its_own_values_change(tmp_path):
+    base = _copy(tmp_path, "base")
+    assert run_cli("--root", str(base), "build").code == 0
+    before = _symbols(base)["dispatch.py"]
+    changed = _copy(tmp_path, "changed")
+    cache = changed / "specs/kernels/cache.toml"
+    cache.write_text(cache.read_text().replace("min(256, hw.max_threads_per_block)", "min(128, hw.max_threads_per_block)"))
+    assert run_cli("--root", str(changed), "build").code == 0
+    after = _symbols(changed)["dispatch.py"]
+    assert {s for s in before - after if s.startswith("CACHE_")}
+    assert not {s for s in before - after if not s.startswith("CACHE_")}
