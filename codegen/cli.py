@@ -144,7 +144,8 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
         cfg = vr.config
         src = cfg.source
         params = ", ".join(f"{k}={v!r}" for k, v in sorted(vr.params.items()))
-        title = f"== {vr.variant} ({cfg.record}, {src.path}{'; ' + params if params else ''}) =="
+        model = f"; model {vr.model}" if vr.model is not None else ""
+        title = f"== {vr.variant} ({cfg.record}, {src.path}{'; ' + params if params else ''}{model}) =="
         targets = [t for t in vr.resolved if hw is None or t == hw]
         rows = [["target", "vendor", "arch", "policy (file:line)", "instantiation"]]
         for t in targets:
@@ -183,5 +184,14 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
                 frows.append([fname] + [repr(i.value.record[j][1]) for i in insts])  # type: ignore[index]
             lines += [_table(frows), ""]
         blocks.append("\n".join(lines))
+    if kernel is None:
+        defaults = tree.project
+        lines = ["== models =="]
+        for name, m in tree.models.items():
+            serves = sorted({v.config.name for v in res.variants if v.model == name})
+            mark = " (default)" if name == defaults.default_model else ""
+            lines.append(f"  {name}{mark}: {m.spec.display_name} ({m.source.path}); configs: {', '.join(serves) or 'none'}")
+        lines.append(f"default target: {defaults.default_target or 'none (detect the device)'}")
+        blocks.append("\n".join(lines) + "\n")
     out.write("\n".join(blocks))
     return EXIT_OK

@@ -18,14 +18,22 @@ The context of a module (every name below is a template variable):
 ``device_names``, ``by_arch``  detection tables (``detection_tables``).
 ``configs``    config name -> ``Config`` data (below): the configs the module reads
                (every config for the dispatch module).
+``models``     ``[{"name", "display_name", "source", "dims": [(dim, literal)], "constants":
+               [(NAME, literal)]}]``.
+``selectors``  ``[{"name", "params", "table": [(key, variant, model)]}]`` of the configs read.
+``default_target``, ``default_model``  specs/project.toml's (or None); ``default_records``:
+               config -> the symbol of its record on them; ``config_constants``:
+               ``[(constant, symbol, dispatch name)]``.
 
 A config: ``name``, ``record`` (class name), ``doc``, ``source`` (the file of its fields),
 ``bucketed``, ``dims`` (bucket dimensions), ``fields`` (``[(name, type, comment)]``),
 ``variants`` (variant name -> variant data, sorted), ``files`` (spec files it draws on).
 
 A variant: ``name``, ``params`` (dict), ``params_text`` (``"dtype_bytes=2"``), ``names`` (the
-variant and its aliases), ``n_targets``, ``instantiations`` (list, below) and ``table``
-(``[(target, symbol)]`` by target name).
+variant and its aliases), ``n_targets``, ``instantiations`` (list, below, every model's),
+``by_model`` (``[{"model", "instantiations", "table"}]``, model None for a config that reads no
+model) and, for a config that reads no model, ``table`` (``[(target, symbol)]`` by target name).
+A config's ``models`` lists the models it is resolved for (``[]``: none).
 
 An instantiation (targets of one vendor whose resolved values are equal): ``symbol``
 (``VARIANT_VENDORARCH_DIGEST``, stable while its values are), ``suffix``, ``origin`` (the
@@ -40,8 +48,12 @@ from __future__ import annotations
 from typing import Any
 
 from .records import SpecTree
-from .models import HW_RECORD_FIELDS, is_control, is_line_break
+from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, is_control, is_line_break
 from .records import Instantiation, Resolution, VariantResolution
+
+
+# The environment variable that forces the target generated/dispatch.py serves when no hw is given.
+TARGET_ENV_VAR = "KERNEL_POLICY_TARGET"
 
 
 def comment_text(text: str) -> str:
@@ -57,9 +69,11 @@ def docstring_text(text: str) -> str:
     return comment_text(text.replace("\\", "\\\\")).replace('"""', '\\"\\"\\"')
 
 
-def symbol(variant: str, inst: Instantiation) -> str:
-    """Module-level name of one instantiation: ATTENTION_FP16_NVIDIA80_3FA2C1."""
-    return f"{variant}_{inst.suffix}".upper()
+def symbol(vr: VariantResolution, inst: Instantiation) -> str:
+    """Module-level name of one instantiation: ATTENTION_FP16_QWEN36_NVIDIA80_3FA2C1 (the model
+    only for configs resolved per model)."""
+    model = f"_{vr.model}" if vr.model is not None else ""
+    return f"{vr.variant}{model}_{inst.suffix}".upper()
 
 
 def target_list(tree: SpecTree, targets: tuple[str, ...]) -> str:
@@ -112,14 +126,13 @@ def config_files(tree: SpecTree, name: str) -> tuple[str, ...]:
     """The spec files a config draws on: its own (and inherited) files and its model's."""
     cfg = tree.config(name)
     paths = set(cfg.source.paths)
-    if cfg.model:
-        paths.add(tree.models[cfg.model].source.path)
+    paths.update(tree.models[m].source.path for m in cfg.models)
     return tuple(sorted(paths))
 
 
 def _instantiation(tree: SpecTree, vr: VariantResolution, inst: Instantiation) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "symbol": symbol(vr.variant, inst),
+        "symbol": symbol(vr, inst),
         "suffix": inst.suffix,
         "vendor": inst.vendor,
         "arch": inst.arch,
@@ -148,19 +161,27 @@ def _instantiation(tree: SpecTree, vr: VariantResolution, inst: Instantiation) -
 def config_data(resolution: Resolution, name: str) -> dict[str, Any]:
     tree = resolution.tree
     cfg = tree.config(name)
-    variants = {}
-    for vr in resolution.for_config(name):
+    variants: dict[str, dict[str, Any]] = {}
+    for vr in resolution.for_config(name):  # sorted by (variant, model)
         insts = [_instantiation(tree, vr, inst) for inst in vr.instantiations]
         by_suffix = {i["suffix"]: i["symbol"] for i in insts}
-        variants[vr.variant] = {
-            "name": vr.variant,
-            "params": dict(vr.params),
-            "params_text": ", ".join(f"{k}={v!r}" for k, v in sorted(vr.params.items())),
-            "names": [vr.variant] + sorted(a for a, v in cfg.aliases.items() if v == vr.variant),
-            "n_targets": len(vr.resolved),
-            "instantiations": insts,
-            "table": [(t, by_suffix[vr.target_instantiation[t]]) for t in sorted(vr.target_instantiation)],
-        }
+        table = [(t, by_suffix[vr.target_instantiation[t]]) for t in sorted(vr.target_instantiation)]
+        v = variants.setdefault(
+            vr.variant,
+            {
+                "name": vr.variant,
+                "params": dict(vr.params),
+                "params_text": ", ".join(f"{k}={v!r}" for k, v in sorted(vr.params.items())),
+                "names": [vr.variant] + sorted(a for a, v in cfg.aliases.items() if v == vr.variant),
+                "n_targets": len(vr.resolved),
+                "instantiations": [],
+                "by_model": [],
+            },
+        )
+        v["instantiations"] += insts
+        v["by_model"].append({"model": vr.model, "instantiations": insts, "table": table})
+        if vr.model is None:
+            v["table"] = table
     return {
         "name": cfg.name,
         "record": cfg.record,
@@ -169,6 +190,7 @@ def config_data(resolution: Resolution, name: str) -> dict[str, Any]:
         "bucketed": cfg.bucketed,
         "dims": cfg.dims or (),
         "fields": [(n, f.type, comment_text(f.doc)) for n, f in cfg.fields.items()],
+        "models": list(cfg.models),
         "variants": variants,
         "files": config_files(tree, name),
     }
@@ -184,6 +206,102 @@ def detection_tables(tree: SpecTree) -> dict[str, Any]:
     return {"device_names": names, "by_arch": sorted(by_arch.items())}
 
 
+def model_data(tree: SpecTree) -> list[dict[str, Any]]:
+    """Every model: its dimensions (those it sets) and the module constants it asks for."""
+    out = []
+    for name, m in tree.models.items():
+        dims = [(d, getattr(m.spec, d)) for d in MODEL_DIMENSIONS if getattr(m.spec, d) is not None]
+        prefix = m.spec.constant_prefix
+        constants = []
+        if prefix is not None:
+            constants = [(f"{prefix}_{m.spec.constant_names.get(d, d.upper())}", repr(v)) for d, v in dims]
+        out.append(
+            {
+                "name": name,
+                "display_name": m.spec.display_name,
+                "source": m.source.path,
+                "dims": [(d, repr(v)) for d, v in dims],
+                "constants": constants,
+            }
+        )
+    return out
+
+
+def selector_data(resolution: Resolution, name: str) -> dict[str, Any] | None:
+    """A config's seed-style selector: its parameters and (parameter values) -> (variant, model)
+    for every variant and model, first come first kept (equal keys give equal records:
+    ``render.check_selectors`` makes sure of it)."""
+    cfg = resolution.tree.config(name)
+    if cfg.selector is None:
+        return None
+    table: dict[tuple, tuple[str, str | None]] = {}
+    for vr in resolution.for_config(name):
+        table.setdefault(selector_key(resolution, vr), (vr.variant, vr.model))
+    return {
+        "name": cfg.selector.name,
+        "params": list(cfg.selector.params),
+        "table": [(key, variant, model) for key, (variant, model) in table.items()],
+    }
+
+
+def selector_key(resolution: Resolution, vr: VariantResolution) -> tuple:
+    cfg = vr.config
+    assert cfg.selector is not None
+    dims = resolution.tree.models[vr.model].spec if vr.model is not None else None
+    key = []
+    for what in cfg.selector.params.values():
+        if what.startswith("model."):
+            key.append(getattr(dims, what[len("model.") :]) if dims is not None else None)
+        else:
+            key.append(vr.params[what])
+    return tuple(key)
+
+
+def defaults_data(resolution: Resolution, configs: tuple[str, ...]) -> dict[str, Any]:
+    """The default target and model, and what the dispatch module derives from them: each
+    config's default record (its first dispatch name on the default target and model) and the
+    module constants the configs ask for."""
+    tree = resolution.tree
+    target, model = tree.project.default_target, tree.project.default_model
+    records: dict[str, str] = {}  # config -> symbol of its default record
+    constants: list[tuple[str, str, str]] = []  # (constant, symbol, dispatch name)
+    if target is not None:
+        for name in configs:
+            cfg = tree.config(name)
+            if cfg.bucketed:
+                continue
+            by_name = {}
+            for vr in resolution.for_config(name):
+                if vr.model is None or vr.model == model:
+                    sym = symbol(vr, next(i for i in vr.instantiations if target in i.targets))
+                    by_name[vr.variant] = sym
+            for alias, variant in cfg.aliases.items():
+                if variant in by_name:
+                    by_name[alias] = by_name[variant]
+            if not by_name:
+                continue  # the default model is not one the config serves
+            first = sorted(cfg.aliases)[0] if cfg.aliases else sorted(cfg.variants)[0]
+            records[name] = by_name[first]
+            constants += [(const, by_name[dn], dn) for const, dn in cfg.constants.items() if dn in by_name]
+    hw_defaults: dict[str, str] = {}
+    if target is not None:
+        hw_defaults = dict(next(h["values"] for h in hardware_data(tree) if h["name"] == target))
+    record_defaults: dict[str, dict[str, str]] = {}
+    for vr in resolution.variants:
+        for inst in vr.instantiations:
+            if records.get(vr.config.name) == symbol(vr, inst):
+                record_defaults[vr.config.name] = {k: repr(v) for k, v in inst.value.record or ()}
+    return {
+        "default_target": target,
+        "default_model": model,
+        "default_records": records,
+        "record_defaults": record_defaults,
+        "hw_defaults": hw_defaults,
+        "config_constants": sorted(constants),
+        "env_var": TARGET_ENV_VAR,
+    }
+
+
 def base_context(resolution: Resolution, configs: tuple[str, ...]) -> dict[str, Any]:
     """Everything but ``header`` and ``module``: the same for every module but ``configs``."""
     tree = resolution.tree
@@ -193,5 +311,8 @@ def base_context(resolution: Resolution, configs: tuple[str, ...]) -> dict[str, 
         "hw_fields": [(field, pytype, comment_text(doc)) for _, field, pytype, doc in HW_RECORD_FIELDS],
         "vendors": vendor_data(tree),
         "configs": {name: config_data(resolution, name) for name in configs},
+        "models": model_data(tree),
+        "selectors": [sel for sel in (selector_data(resolution, n) for n in configs) if sel is not None],
+        **defaults_data(resolution, configs),
         "modules": [{"name": m.name, "doc": comment_text(m.spec.doc)} for m in tree.modules],
     }

@@ -33,16 +33,18 @@ from .models import (
     HardwareSpec,
     ModelSpec,
     ModuleSpec,
+    ProjectSpec,
     VendorSpec,
 )
 from .policies import NAME_RE, load_policies
-from .records import Check, Config, FrozenMap, Hardware, Model, Module, Source, SpecTree, Vendor, frozen
+from .records import Check, Config, FrozenMap, Hardware, Model, Module, Project, Source, SpecTree, Vendor, frozen
 from .source import is_dir, listdir, non_finite, read_text, toml_error_line
 
 SPEC_DIRS = ("vendors", "hardware", "models", "kernels", "modules")
 # Folders a spec tree may leave out: without modules/, only the dispatch module is generated.
 OPTIONAL_DIRS = ("modules",)
-_NAME_RE = NAME_RE
+# The one file directly under specs/ (optional): default target and model.
+PROJECT_FILE = "project.toml"
 
 
 # ---------------------------------------------------------------------------
@@ -64,15 +66,18 @@ def load(root: Path) -> SpecTree:
         rel = f"specs/{sub.name}"
         if sub.name.startswith("."):
             continue
-        if is_dir(sub, rel, problems) and sub.name not in SPEC_DIRS:
-            problems.append(problem(rel, (), f"unknown spec directory; expected one of {', '.join(SPEC_DIRS)}"))
+        if is_dir(sub, rel, problems):
+            if sub.name not in SPEC_DIRS:
+                problems.append(problem(rel, (), f"unknown spec directory; expected one of {', '.join(SPEC_DIRS)}"))
+        elif sub.name != PROJECT_FILE:
+            problems.append(problem(rel, (), f"unknown file; specs/ holds {PROJECT_FILE} and the folders {', '.join(SPEC_DIRS)}"))
     for kind in SPEC_DIRS:
         folder = spec_root / kind
         if not is_dir(folder, f"specs/{kind}", problems):
-            if kind not in OPTIONAL_DIRS and not folder.exists():
-                problems.append(problem(f"specs/{kind}", (), "missing spec directory"))
-            elif kind not in OPTIONAL_DIRS or folder.exists():
+            if folder.exists():
                 problems.append(problem(f"specs/{kind}", (), "not a directory"))
+            elif kind not in OPTIONAL_DIRS:
+                problems.append(problem(f"specs/{kind}", (), "missing spec directory"))
             continue
         for path in listdir(folder, f"specs/{kind}", problems) or ():
             rel = f"specs/{kind}/{path.name}"
@@ -81,8 +86,8 @@ def load(root: Path) -> SpecTree:
             if path.suffix != ".toml":
                 problems.append(problem(rel, (), "spec files must end in .toml"))
                 continue
-            if not _NAME_RE.match(path.stem):
-                problems.append(problem(rel, (), f"file name must match {_NAME_RE.pattern} (it is a Python-level key)"))
+            if not NAME_RE.match(path.stem):
+                problems.append(problem(rel, (), f"file name must match {NAME_RE.pattern} (it is a Python-level key)"))
                 continue
             text = read_text(path, rel, problems)
             if text is None:
@@ -102,17 +107,22 @@ def load(root: Path) -> SpecTree:
                 )
             raw[kind].append((path.stem, source, data))
 
+    project = _load_project(spec_root, problems)
     vendors = _load_simple(VendorSpec, Vendor, raw["vendors"], problems)
+    _check_vendors(vendors, problems)
     hardware = _load_hardware(raw["hardware"], vendors, problems)
-    models = _load_models(raw["models"], problems)
+    models = _load_simple(ModelSpec, Model, raw["models"], problems)
     configs = _load_configs(raw["kernels"], models, vendors, {h.name: h.spec.vendor for h in hardware}, problems)
     modules = _load_simple(ModuleSpec, Module, raw["modules"], problems)
     if not raw["hardware"] and not problems:
         problems.append(problem("specs/hardware", (), "no hardware specs: at least one target is needed"))
+    project = _check_project(project, {h.name for h in hardware}, models, problems)
     if problems:
         raise SpecErrors(_without_inherited_repeats(problems))
+    assert project is not None
     return SpecTree(
         root=root,
+        project=project,
         vendors=FrozenMap(sorted(vendors.items())),
         modules=tuple(modules[n] for n in sorted(modules)),
         hardware=hardware,
@@ -147,7 +157,7 @@ def _without_inherited_repeats(problems: list[SpecProblem]) -> list[SpecProblem]
 
 
 def _load_simple(model: type[BaseModel], record: type, entries, problems: list[SpecProblem]) -> dict[str, Any]:
-    """Files that are one spec each (vendors, modules): name -> record(name, spec, source)."""
+    """Files that are one spec each (vendors, models, modules): name -> record(name, spec, source)."""
     out = {}
     for name, source, data in entries:
         spec = validate(model, data, source, (), problems)
@@ -173,13 +183,6 @@ def _load_hardware(entries, vendors: Mapping[str, Vendor], problems: list[SpecPr
             )
             continue
         out.append(Hardware(name, spec, source))
-    defaults = sorted(v.name for v in vendors.values() if v.spec.default)
-    for extra in defaults[1:]:
-        problems.append(
-            vendors[extra].source.problem(
-                ("default",), f"only one vendor may be the default; specs/vendors/{defaults[0]}.toml is too"
-            )
-        )
     names_seen: dict[str, str] = {}
     for hw in out:
         for device_name in hw.spec.device_names:
@@ -196,13 +199,65 @@ def _load_hardware(entries, vendors: Mapping[str, Vendor], problems: list[SpecPr
     return tuple(sorted(out, key=lambda h: (h.spec.vendor, h.spec.arch, h.name)))
 
 
-def _load_models(entries, problems: list[SpecProblem]) -> dict[str, Model]:
-    out = {}
-    for name, source, data in entries:
-        spec = validate(ModelSpec, data, source, (), problems)
-        if spec is not None:
-            out[name] = Model(name, spec, source)
-    return out
+def _load_project(spec_root: Path, problems: list[SpecProblem]) -> Project | None:
+    path = spec_root / PROJECT_FILE
+    rel = f"specs/{PROJECT_FILE}"
+    if not path.exists():
+        return Project(None, None, None)
+    text = read_text(path, rel, problems)
+    if text is None:
+        return None
+    source = Source(rel, text)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        problems.append(problem(rel, (), f"malformed TOML: {exc}", line=toml_error_line(str(exc))))
+        return None
+    spec = validate(ProjectSpec, data, source, (), problems)
+    return None if spec is None else Project(spec.default_target, spec.default_model, source)
+
+
+def _check_project(
+    project: Project | None, hardware: set[str], models: Mapping[str, Model], problems: list[SpecProblem]
+) -> Project | None:
+    """The defaults name specs that exist; a tree with one model defaults to it."""
+    if project is None:
+        return None
+    if project.default_target is not None and project.default_target not in hardware:
+        assert project.source is not None
+        problems.append(
+            project.source.problem(
+                ("default_target",), f"no such hardware spec (known: {', '.join(sorted(hardware))})", value=project.default_target
+            )
+        )
+    model = project.default_model
+    if model is not None and model not in models:
+        assert project.source is not None
+        problems.append(
+            project.source.problem(("default_model",), f"no such model spec (known: {', '.join(sorted(models))})", value=model)
+        )
+    if model is None and len(models) == 1:
+        model = next(iter(models))
+    elif model is None and len(models) > 1:
+        problems.append(
+            problem(
+                f"specs/{PROJECT_FILE}",
+                ("default_model",),
+                f"the tree has {len(models)} models ({', '.join(sorted(models))}): name the default one",
+            )
+        )
+    return Project(project.default_target, model, project.source)
+
+
+def _check_vendors(vendors: Mapping[str, Vendor], problems: list[SpecProblem]) -> None:
+    """At most one default vendor (the vendor of a device name that names none)."""
+    defaults = sorted(v.name for v in vendors.values() if v.spec.default)
+    for extra in defaults[1:]:
+        problems.append(
+            vendors[extra].source.problem(
+                ("default",), f"only one vendor may be the default; specs/vendors/{defaults[0]}.toml is too"
+            )
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -221,8 +276,8 @@ def _load_configs(
         if not data:
             problems.append(source.problem((), "kernel spec defines no config tables"))
         for name, table in data.items():
-            if not _NAME_RE.match(name):
-                problems.append(source.problem((name,), f"config name must match {_NAME_RE.pattern}", value=name))
+            if not NAME_RE.match(name):
+                problems.append(source.problem((name,), f"config name must match {NAME_RE.pattern}", value=name))
                 continue
             if not isinstance(table, dict):
                 problems.append(source.problem((name,), "a config must be a table", value=table))
@@ -278,12 +333,13 @@ def _load_config(
     spec = validate(ConfigSpec, table, source, (name,), problems)
     if spec is None:
         return None
-    if spec.model is not None and spec.model not in models:
-        problems.append(
-            source.problem(
-                (name, "model"), f"no such model spec (known: {', '.join(sorted(models)) or 'none'})", value=spec.model
+    for i, model in enumerate(spec.models or ()):
+        if model not in models:
+            problems.append(
+                source.problem(
+                    (name, "models", i), f"no such model spec (known: {', '.join(sorted(models)) or 'none'})", value=model
+                )
             )
-        )
     variants = spec.variant_params(name)
     for alias, target in spec.aliases.items():
         if target not in variants:
@@ -317,6 +373,8 @@ def _load_config(
         if dname in spec.fields or dname in param_names:
             problems.append(source.problem((name, "derived", dname), "derived name collides with a field or parameter"))
 
+    reads_model: list[KeyPath] = []  # rules that read model.*
+
     def parse_rule(text: str, path: KeyPath, extra: frozenset[str] = frozenset()) -> rules.Expr | None:
         try:
             expr = rules.parse(text)
@@ -333,10 +391,12 @@ def _load_config(
                 )
             )
             return None
-        bad_attr = _check_namespace_attrs(expr, spec.model is not None)
+        bad_attr = _check_namespace_attrs(expr, spec.models != ())
         if bad_attr:
             problems.append(source.problem(path, bad_attr, value=text))
             return None
+        if any(ns == "model" for ns, _ in expr.attrs):
+            reads_model.append(path)
         return expr
 
     derived = {}
@@ -365,14 +425,28 @@ def _load_config(
         hardware=hardware,
         problems=problems,
     )
+    _check_selector(name, spec, variants, source, problems)
+    for const, target in spec.constants.items():
+        if target not in variants and target not in spec.aliases:
+            problems.append(
+                source.problem(
+                    (name, "constants", const),
+                    f"must name a variant or alias ({', '.join(list(variants) + list(spec.aliases))})",
+                    value=target,
+                )
+            )
     if len(problems) > start:
         return None
+    if spec.models is not None:
+        served = tuple(sorted(spec.models))
+    else:
+        served = tuple(sorted(models)) if reads_model else ()
     return Config(
         name=name,
         record=spec.record,
         doc=spec.doc,
         source=source,
-        model=spec.model,
+        models=served,
         fields=FrozenMap(spec.fields),
         dims=spec.buckets.dims if spec.buckets is not None else None,
         aliases=FrozenMap(spec.aliases),
@@ -381,7 +455,29 @@ def _load_config(
         checks=tuple(checks),
         policies=policies,
         base=base,
+        selector=spec.selector,
+        constants=FrozenMap(spec.constants),
     )
+
+
+def _check_selector(
+    name: str, spec: ConfigSpec, variants: Mapping[str, Mapping[str, Any]], source: Source, problems: list[SpecProblem]
+) -> None:
+    """A selector's parameters match variant parameters every variant has, or model dimensions."""
+    if spec.selector is None:
+        return
+    params = {p for ps in variants.values() for p in ps}
+    for param, what in spec.selector.params.items():
+        path = (name, "selector", "params", param)
+        if what.startswith("model."):
+            if what[len("model.") :] not in MODEL_RULE_ATTRS:
+                problems.append(source.problem(path, f"not a model dimension (known: {', '.join(MODEL_RULE_ATTRS)})", value=what))
+            elif spec.models == ():
+                problems.append(source.problem(path, "the config serves no model", value=what))
+        elif what not in params or any(what not in ps for ps in variants.values()):
+            problems.append(
+                source.problem(path, f"not a parameter of every variant (parameters: {', '.join(sorted(params))})", value=what)
+            )
 
 
 def _check_namespace_attrs(expr: rules.Expr, has_model: bool) -> str | None:
@@ -391,7 +487,7 @@ def _check_namespace_attrs(expr: rules.Expr, has_model: bool) -> str | None:
             return f"'hw.{attr}' is not a hardware attribute (known: {', '.join(HW_RULE_ATTRS)})"
         if ns == "model":
             if not has_model:
-                return "rule reads 'model' but the config names no model"
+                return "rule reads 'model' but the config serves no model (models = [])"
             if attr not in MODEL_RULE_ATTRS:
                 return f"'model.{attr}' is not a model attribute (known: {', '.join(MODEL_RULE_ATTRS)})"
     return None

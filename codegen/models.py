@@ -144,7 +144,7 @@ class Features(Spec):
         description="Async global->shared copies (cp.async, Ampere+): what num_stages > 1 relies on."
     )
     tma: StrictBool = Field(description="Tensor Memory Accelerator bulk copies (Hopper+): tensor descriptors.")
-    wgmma: StrictBool = Field(description="Warpgroup MMA (sm_90a): Triton's Hopper matmul path.")
+    wgmma: StrictBool = Field(description="Warpgroup MMA (sm_90a): Triton's Hopper tensor-core path.")
     tcgen05: StrictBool = Field(description="5th-generation tensor core instructions with tensor memory (sm_100).")
     clusters: StrictBool = Field(
         description="Thread block clusters usable from Triton (broken on sm_121, Triton #8335)."
@@ -170,7 +170,7 @@ class HardwareSpec(Spec):
     arch: PosInt = _doc("Vendor's own architecture number; policies chain on it.")
     warp_size: PosInt = _doc("Threads per warp (wavefront).")
     max_threads_per_block: PosInt = _doc("Most threads in one block.")
-    max_shared_memory_per_block: PosInt = _doc("Shared memory a block gets without opt-in (48 KB on NVIDIA).")
+    max_shared_memory_per_block: PosInt = _doc("Shared memory a block gets without opt-in.")
     max_registers_per_thread: PosInt = _doc("Registers one thread may use.")
     # None where the vendor publishes no figure (GB10); no rule may then read it.
     l2_cache_size_bytes: PosInt | None = Field(
@@ -179,7 +179,7 @@ class HardwareSpec(Spec):
     memory_bandwidth_gbps: PosInt = _doc("Peak memory bandwidth (datasheet).")
     sm_count: PosInt = _doc("Streaming multiprocessors (compute units).")
     # CCCL's arch_to_min_bytes_in_flight for NVIDIA; measured for BI-V100.
-    bytes_in_flight: PosInt = _doc("Bytes each SM keeps in flight to saturate memory (CCCL's table for NVIDIA).")
+    bytes_in_flight: PosInt = _doc("Bytes each SM keeps in flight to saturate memory (CCCL's arch_to_min_bytes_in_flight).")
     # Triton opts in automatically: the limit a Triton kernel's tiles must fit.
     max_shared_memory_per_block_optin: PosInt = _doc("Shared memory a block may opt in to: the limit Triton kernels fit.")
     shared_memory_per_sm: PosInt = _doc("Shared memory per SM.")
@@ -213,20 +213,23 @@ _RECORD_NAMES = {"arch": "arch_version"}
 _PY_TYPES = {"display_name": "str", "vendor": "str", "device_names": "tuple[str, ...]"}
 
 
+# The seed's fields first, in its order, so its positional and keyword arguments both fit; the
+# spec's identity (name, display name, device names) last.
+_RECORD_LAST = ("device_names", "display_name")
+
+
 def _record_fields() -> tuple[tuple[str, str, str, str], ...]:
-    out = [("name", "name", "str", "Spec name (file stem): the key of HARDWARE and of every dispatch table.")]
+    out = []
     for attr, info in HardwareSpec.model_fields.items():
-        if attr == "features":
+        if attr == "features" or attr in _RECORD_LAST:
             continue
-        if attr in _PY_TYPES:
-            pytype = _PY_TYPES[attr]
-        elif attr == "l2_cache_size_bytes":
-            pytype = "Optional[int]"
-        else:
-            pytype = "int"
+        pytype = "Optional[int]" if attr == "l2_cache_size_bytes" else _PY_TYPES.get(attr, "int")
         out.append((attr, _RECORD_NAMES.get(attr, attr), pytype, info.description or ""))
     for attr, info in Features.model_fields.items():
         out.append((attr, attr, "bool", info.description or ""))
+    for attr in _RECORD_LAST:
+        out.append((attr, attr, _PY_TYPES[attr], HardwareSpec.model_fields[attr].description or ""))
+    out.append(("name", "name", "str", "Spec name (file stem): the key of HARDWARE and of every dispatch table."))
     return tuple(out)
 
 
@@ -257,27 +260,70 @@ def hw_rule_namespace(name: str, spec: HardwareSpec) -> dict[str, Any]:
 # Models (the network a policy is tuned for)
 
 
+UpperIdent = Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*$")]
+
+
 class ModelSpec(Spec):
+    """``specs/models/<name>.toml``: the dimensions policies are computed for.  A small required
+    core every transformer has; MoE and serving fields only where the model has them.  A rule
+    that reads a field the model lacks is a build error naming the model, the rule and the field.
+    """
+
     display_name: StrictStr
+    # Core: attention and MLP shapes.
     head_dim: PosInt
+    num_heads: PosInt
     num_kv_heads: PosInt
-    max_seq_len: PosInt
-    # Concurrent sequences the server runs (vLLM --max-num-seqs).
-    max_num_seqs: PosInt
-    num_experts: PosInt
-    top_k: PosInt
     hidden_size: PosInt
     intermediate_size: PosInt
+    max_seq_len: PosInt
+    # Mixture of experts (None: a dense model).
+    num_experts: PosInt | None = None
+    top_k: PosInt | None = None
+    moe_intermediate_size: PosInt | None = None
+    # Serving: concurrent sequences the server runs (vLLM --max-num-seqs).
+    max_num_seqs: PosInt | None = None
+    # Module constants generated/dispatch.py defines for this model: ``<prefix>_<FIELD>`` for
+    # every field the model sets (``QWEN36_HEAD_DIM``), under the name ``constant_names`` gives
+    # where it gives one (``hidden_size = "HIDDEN"``: ``QWEN36_HIDDEN``).  None: no constants.
+    constant_prefix: UpperIdent | None = None
+    constant_names: dict[FieldName, UpperIdent] = {}
+
+    @model_validator(mode="after")
+    def _moe_complete(self) -> "ModelSpec":
+        if (self.num_experts is None) != (self.top_k is None):
+            raise ValueError("num_experts and top_k go together: a model with experts sets both, a dense model neither")
+        if self.top_k is not None and self.num_experts is not None and self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        unknown = sorted(set(self.constant_names) - set(MODEL_DIMENSIONS))
+        if unknown:
+            raise ValueError(f"constant_names names no dimension: {', '.join(unknown)}")
+        return self
 
 
-# What rules read as ``model.<attr>``: the dimensions, not the display name.
-MODEL_RULE_ATTRS: tuple[str, ...] = tuple(sorted(set(ModelSpec.model_fields) - {"display_name"}))
+# The dimensions: what rules may read as ``model.<attr>`` (a model sets all of the core and
+# may leave the rest unset).
+MODEL_DIMENSIONS: tuple[str, ...] = (
+    "head_dim",
+    "num_heads",
+    "num_kv_heads",
+    "hidden_size",
+    "intermediate_size",
+    "max_seq_len",
+    "num_experts",
+    "top_k",
+    "moe_intermediate_size",
+    "max_num_seqs",
+)
+MODEL_RULE_ATTRS: tuple[str, ...] = tuple(sorted(MODEL_DIMENSIONS))
 
 
 def model_rule_namespace(spec: ModelSpec) -> dict[str, Any]:
-    """The ``model`` namespace of rules: exactly MODEL_RULE_ATTRS."""
+    """The ``model`` namespace of rules: the dimensions the model sets."""
     flat = spec.model_dump()
-    return {attr: flat[attr] for attr in MODEL_RULE_ATTRS}
+    return {attr: flat[attr] for attr in MODEL_RULE_ATTRS if flat[attr] is not None}
 
 
 # ---------------------------------------------------------------------------
@@ -356,7 +402,14 @@ class BucketDims(Spec):
 
 # Keys a config inherits through ``extends``: what its values are and how they are chosen.  Its
 # identity (record, doc, variants, aliases) is always its own.
-INHERITED_KEYS = ("model", "fields", "derived", "checks", "buckets", "policy", "base")
+INHERITED_KEYS = ("models", "fields", "derived", "checks", "buckets", "policy", "base")
+
+
+class SelectorSpec(Spec):
+    """A selector function: its name and parameters (parameter -> what it matches)."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]*$"), NotKeyword]
+    params: dict[FieldName, Annotated[str, Field(pattern=r"^(model\.)?[a-z][a-z0-9_]*$")]] = Field(min_length=1)
 
 
 class ConfigSpec(Spec):
@@ -369,8 +422,17 @@ class ConfigSpec(Spec):
     # takes where it does not set them; a key set here replaces the inherited one whole.
     # load.py merges before validation, so this model only sees the merged table.
     extends: Ident | None = None
-    # Model spec the rules see as ``model``; None if the config needs none.
-    model: Ident | None = None
+    # The model specs the config is resolved for, each seen by the rules as ``model``.  None:
+    # every model of the tree if a rule reads ``model.*``, else none (resolved once).
+    models: tuple[Ident, ...] | None = None
+    # A seed-style selector function generated/dispatch.py defines for this config (e.g.
+    # ``select_attention_config(hw, dtype_size, head_dim, ...)``): its parameters, in order,
+    # each matching a variant parameter or a model dimension (``"model.head_dim"``); it looks up
+    # the instantiation whose parameters match (no rule runs at call time).
+    selector: SelectorSpec | None = None
+    # Module constants generated/dispatch.py defines: name -> dispatch name, the record of the
+    # default target and model (``ATTENTION_FP16 = "attention_fp16"``).
+    constants: dict[UpperIdent, Ident] = {}
     # Names this config is resolved under, each binding parameters the rules
     # see as plain names (e.g. dtype_bytes).  Default: one variant named after
     # the config with no parameters.
@@ -412,6 +474,20 @@ POLICY_KEYS = ("vendor", "min_arch", "max_arch", "targets", "note", "bucket")
 # Keys of a bucket table that are not record fields: a name and bounds.
 BUCKET_KEYS = ("name", "note")
 BOUND_RE = re.compile(r"^([a-z])_(min|max)$")
+
+
+# ---------------------------------------------------------------------------
+# The project
+
+
+class ProjectSpec(Spec):
+    """``specs/project.toml`` (optional): choices that concern the whole tree."""
+
+    # The target dispatch serves when no ``hw`` is given and no device is detected (a hardware
+    # spec name); None: then the lookup is an error.
+    default_target: Ident | None = None
+    # The model dispatch serves when no ``model`` is given; None: the tree's only model.
+    default_model: Ident | None = None
 
 
 # ---------------------------------------------------------------------------

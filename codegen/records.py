@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping, TypeVar
 
 from . import rules
 from .errors import KeyPath, SpecProblem, problem
-from .models import CheckSpec, FieldSpec, HardwareSpec, ModelSpec, ModuleSpec, VendorSpec
+from .models import CheckSpec, FieldSpec, HardwareSpec, ModelSpec, ModuleSpec, SelectorSpec, VendorSpec
 from .source import locate
 
 K = TypeVar("K")
@@ -253,7 +253,9 @@ class Config:
     record: str  # the generated class
     doc: str
     source: Source
-    model: str | None  # the model spec rules see as ``model``
+    # The models it is resolved for (each seen by the rules as ``model``), sorted; () when no
+    # rule reads ``model.*`` (resolved once).
+    models: tuple[str, ...]
     fields: FrozenMap[str, FieldSpec]  # in record order
     dims: tuple[str, ...] | None  # bucket dimensions; None for a plain config
     aliases: FrozenMap[str, str]  # extra dispatch name -> variant
@@ -262,6 +264,8 @@ class Config:
     checks: tuple[Check, ...]
     policies: tuple[Policy, ...]  # sorted by (vendor, min_arch, targets)
     base: Policy | None
+    selector: SelectorSpec | None = None  # a seed-style selector function for dispatch.py
+    constants: FrozenMap[str, str] = FrozenMap()  # module constant -> dispatch name
 
     @property
     def bucketed(self) -> bool:
@@ -269,8 +273,18 @@ class Config:
 
 
 @dataclass(frozen=True)
+class Project:
+    """specs/project.toml, resolved: the default target and model (None where there is none)."""
+
+    default_target: str | None
+    default_model: str | None
+    source: Source | None  # None when the tree has no project.toml
+
+
+@dataclass(frozen=True)
 class SpecTree:
     root: Path
+    project: Project
     vendors: FrozenMap[str, Vendor]
     modules: tuple[Module, ...]  # sorted by name
     hardware: tuple[Hardware, ...]  # sorted by (vendor, arch, name)
@@ -285,7 +299,8 @@ class SpecTree:
 
     @property
     def files(self) -> tuple[str, ...]:
-        paths = [v.source.path for v in self.vendors.values()]
+        paths = [self.project.source.path] if self.project.source is not None else []
+        paths += [v.source.path for v in self.vendors.values()]
         paths += [m.source.path for m in self.modules]
         paths += [h.source.path for h in self.hardware]
         paths += [m.source.path for m in self.models.values()]
@@ -344,6 +359,7 @@ class Instantiation:
 class VariantResolution:
     config: Config
     variant: str
+    model: str | None  # the model it was resolved for; None for a config that reads no model
     params: FrozenMap[str, Any]
     resolved: FrozenMap[str, Resolved]  # target name -> resolution, in target order
     instantiations: tuple[Instantiation, ...]  # sorted by (vendor, arch, suffix)
@@ -353,7 +369,7 @@ class VariantResolution:
 @dataclass(frozen=True)
 class Resolution:
     tree: SpecTree
-    variants: tuple[VariantResolution, ...]  # sorted by (config name, variant name)
+    variants: tuple[VariantResolution, ...]  # sorted by (config name, variant name, model)
 
     def for_config(self, name: str) -> tuple[VariantResolution, ...]:
         return tuple(v for v in self.variants if v.config.name == name)

@@ -190,7 +190,7 @@ def render(resolution: Resolution) -> Rendered:
     module's template or context file cannot be found or loaded."""
     env = make_env(resolution.tree.root)
     modules = module_list(resolution)
-    problems = check_needs(resolution) + check_templates(resolution, env)
+    problems = check_needs(resolution) + check_templates(resolution, env) + check_selectors(resolution)
     if problems:
         raise SpecErrors(problems)
     files: dict[str, GeneratedFile] = {}
@@ -370,6 +370,30 @@ def check_needs(resolution: Resolution) -> list[SpecProblem]:
     return problems
 
 
+def check_selectors(resolution: Resolution) -> list[SpecProblem]:
+    """A selector must tell every (variant, model) apart whose records differ on some target:
+    it looks records up by its parameters' values alone."""
+    problems = []
+    for cfg in resolution.tree.configs:
+        if cfg.selector is None:
+            continue
+        seen: dict[tuple, Any] = {}
+        for vr in resolution.for_config(cfg.name):
+            key = ctx.selector_key(resolution, vr)
+            records = {t: r.record for t, r in vr.resolved.items()}
+            if key in seen and seen[key][1] != records:
+                other = seen[key][0]
+                problems.append(
+                    cfg.source.problem(
+                        (cfg.name, "selector", "params"),
+                        f"{cfg.selector.name}() cannot tell {other.variant}/{other.model} from {vr.variant}/{vr.model}: "
+                        f"equal parameters {key}, different records; add the dimension that differs",
+                    )
+                )
+            seen.setdefault(key, (vr, records))
+    return problems
+
+
 def module_names(source: str) -> frozenset[str]:
     """Every name a module's source defines, imports or reads, at any depth (a class of the
     same name at module level would replace or shadow it)."""
@@ -390,7 +414,16 @@ def check_record_names(resolution: Resolution, env: jinja2.Environment, context:
     """A record class must not take a name that generated/dispatch.py itself defines or uses
     (HardwareCapability, HARDWARE, KeyError, ...).  The names are those of the template rendered
     without any config, so they follow the template."""
-    bare = dict(context, configs={})
+    bare = dict(
+        context,
+        configs={},
+        selectors=[],
+        config_constants=[],
+        default_records={},
+        record_defaults={},
+        hardware=[],
+        models=[],
+    )
     reserved = module_names(env.get_template("dispatch.py.j2").render(**bare))
     problems = []
     for cfg in resolution.tree.configs:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from . import rules
@@ -63,21 +63,38 @@ def resolve(tree: SpecTree) -> Resolution:
     hw_ns = {hw.name: hw_namespace(hw) for hw in tree.hardware}
     out: list[VariantResolution] = []
     for cfg in tree.configs:
-        model_ns = model_rule_namespace(tree.models[cfg.model].spec) if cfg.model else {}
         for variant in sorted(cfg.variants):
-            params = cfg.variants[variant]
-            problems: list[SpecProblem] = []
-            resolved: dict[str, Resolved] = {}
-            for hw in tree.hardware:
-                r = _resolve_one(cfg, params, hw, hw_ns[hw.name], model_ns, problems)
-                if r is not None:
-                    resolved[hw.name] = r
-            found += [(p, cfg, variant) for p in problems]
-            if not problems:
-                out.append(_collapse(cfg, variant, params, resolved, tree))
+            for model in cfg.models or (None,):
+                params = cfg.variants[variant]
+                problems: list[SpecProblem] = []
+                resolved: dict[str, Resolved] = {}
+                scope = _model_scope(tree, model)
+                for hw in tree.hardware:
+                    r = _resolve_one(cfg, params, hw, hw_ns[hw.name], scope, problems)
+                    if r is not None:
+                        resolved[hw.name] = r
+                found += [(p, cfg, variant) for p in problems]
+                if not problems:
+                    out.append(_collapse(cfg, variant, model, params, resolved, tree))
     if found:
         raise SpecErrors(_merge_variants(found))
     return Resolution(tree=tree, variants=tuple(out))
+
+
+@dataclass(frozen=True)
+class _ModelScope:
+    """The model a config is resolved for: its namespace and how messages name it."""
+
+    name: str | None
+    namespace: Mapping[str, Any]
+    label: str  # "model llama31_8b (specs/models/llama31_8b.toml)"; "" without a model
+
+
+def _model_scope(tree: SpecTree, model: str | None) -> _ModelScope:
+    if model is None:
+        return _ModelScope(None, {}, "")
+    m = tree.models[model]
+    return _ModelScope(model, model_rule_namespace(m.spec), f"model {model} ({m.source.path})")
 
 
 def _merge_variants(found: list[tuple[SpecProblem, Config, str]]) -> list[SpecProblem]:
@@ -114,7 +131,7 @@ def _resolve_one(
     params: Mapping[str, Any],
     hw: Hardware,
     hw_ns: Mapping[str, Any],
-    model_ns: Mapping[str, Any],
+    model: _ModelScope,
     problems: list[SpecProblem],
 ) -> Resolved | None:
     policy = chain(cfg, hw)
@@ -141,14 +158,16 @@ def _resolve_one(
         return None
 
     context = f"policy {policy.label} on target {hw.name} ({hw.spec.vendor} {hw.spec.arch}, {hw.source.path})"
+    if model.name is not None:
+        context += f" for {model.label}"
     if policy.buckets is None:
-        record = _evaluate(cfg, policy.values, params, hw_ns, model_ns, policy.keypath, context, problems)
+        record = _evaluate(cfg, policy.values, params, hw_ns, model, policy.keypath, context, problems)
         return None if record is None else Resolved(hw.name, policy, record, None)
     buckets = []
     ok = True
     for bucket in policy.buckets:
         record = _evaluate(
-            cfg, bucket.values, params, hw_ns, model_ns, bucket.keypath, f"{context}, bucket {bucket.name}", problems
+            cfg, bucket.values, params, hw_ns, model, bucket.keypath, f"{context}, bucket {bucket.name}", problems
         )
         if record is None:
             ok = False
@@ -162,7 +181,7 @@ def _evaluate(
     values: Mapping[str, Value],
     params: Mapping[str, Any],
     hw_ns: Mapping[str, Any],
-    model_ns: Mapping[str, Any],
+    model: _ModelScope,
     keypath: tuple,
     context: str,
     problems: list[SpecProblem],
@@ -178,7 +197,7 @@ def _evaluate(
             )
         )
         return None
-    scope = _Scope(cfg, values, params, hw_ns, model_ns)
+    scope = _Scope(cfg, values, params, hw_ns, model)
     record = []
     for name, field_spec in cfg.fields.items():
         try:
@@ -245,7 +264,7 @@ def _format_message(template: str, scope: "_Scope") -> str:
             if key == "hw":
                 return _Namespace(scope.hw_ns)
             if key == "model":
-                return _Namespace(scope.model_ns)
+                return _Namespace(scope.model.namespace)
             return scope.get(key)
 
     try:
@@ -263,7 +282,7 @@ class _Scope:
         values: Mapping[str, Value],
         params: Mapping[str, Any],
         hw_ns: Mapping[str, Any],
-        model_ns: Mapping[str, Any],
+        model: _ModelScope,
         fixed: Mapping[str, Any] | None = None,
     ):
         self.cfg = cfg
@@ -273,16 +292,17 @@ class _Scope:
         self.values = values
         self.params = params
         self.hw_ns = hw_ns
-        self.model_ns = model_ns
+        self.model = model
         self.cache: dict[str, Any] = {}
         self.stack: list[str] = []
 
     def env(self) -> rules.Env:
-        return rules.Env(self.get, {"hw": self.hw_ns, "model": self.model_ns})
+        labels = {"model": self.model.label} if self.model.name is not None else None
+        return rules.Env(self.get, {"hw": self.hw_ns, "model": self.model.namespace}, labels)
 
     def trying(self, name: str, candidate: Any) -> "_Scope":
         """A scope in which ``name`` is ``candidate``: derived values that read it follow."""
-        return _Scope(self.cfg, self.values, self.params, self.hw_ns, self.model_ns, {**self.fixed, name: candidate})
+        return _Scope(self.cfg, self.values, self.params, self.hw_ns, self.model, {**self.fixed, name: candidate})
 
     def get(self, name: str) -> Any:
         if name in self.fixed:
@@ -343,7 +363,12 @@ def value_digest(key: Any) -> str:
 
 
 def _collapse(
-    cfg: Config, variant: str, params: Mapping[str, Any], resolved: dict[str, Resolved], tree: SpecTree
+    cfg: Config,
+    variant: str,
+    model: str | None,
+    params: Mapping[str, Any],
+    resolved: dict[str, Resolved],
+    tree: SpecTree,
 ) -> VariantResolution:
     by_name = {hw.name: hw for hw in tree.hardware}
     groups: dict[tuple, list[str]] = {}
@@ -367,6 +392,7 @@ def _collapse(
     return VariantResolution(
         config=cfg,
         variant=variant,
+        model=model,
         params=FrozenMap(params),
         resolved=FrozenMap(ordered),
         instantiations=tuple(insts),

@@ -184,15 +184,25 @@ def _depth(tree: ast.AST) -> int:
 class Env:
     """What a rule can see: a name lookup and namespaces (mappings of attributes)."""
 
-    def __init__(self, lookup: Callable[[str], Any], namespaces: Mapping[str, Mapping[str, Any]]):
+    def __init__(
+        self,
+        lookup: Callable[[str], Any],
+        namespaces: Mapping[str, Mapping[str, Any]],
+        labels: Mapping[str, str] | None = None,
+    ):
         self.lookup = lookup
         self.namespaces = namespaces
+        # What a namespace stands for, for messages ("model llama31_8b (specs/models/...)").
+        self.labels = labels or {}
 
     def attr(self, ns: str, name: str) -> Any:
         space = self.namespaces.get(ns)
         if space is None:
             raise RuleError(f"'{ns}' is not available here")
         if name not in space:
+            label = self.labels.get(ns)
+            if label is not None:
+                raise RuleError(f"the rule reads '{ns}.{name}', which {label} does not set (it sets: {', '.join(sorted(space))})")
             raise RuleError(f"'{ns}.{name}' is not defined (known: {', '.join(sorted(space))})")
         return space[name]
 

@@ -10,6 +10,7 @@ identify it, are data (``Vendor``).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import warnings
@@ -74,6 +75,8 @@ class Detector:
         spec_files: Mapping[str, str],
         record_type: type,
         module: str,
+        default_target: Optional[str] = None,
+        env_var: Optional[str] = None,
     ):
         self.hardware = hardware  # spec name -> HardwareCapability
         self.device_names = device_names  # (whole-word pattern, spec name), longest first
@@ -84,31 +87,82 @@ class Detector:
         self.module = module  # the generated module's __name__, for warning stack levels
         # CUDA device index -> detected spec name: detection (and its warnings) runs once each.
         self.detected: dict[int, str] = {}
+        # Served when no hw is given and no device is detected (the spec tree's default target).
+        self.default_target = default_target
+        # A spec name in this environment variable (read once, here) is the target whenever no
+        # hw is given, whatever the device: for machines whose device detection misleads.
+        self.env_var = env_var
+        self.forced = os.environ.get(env_var) or None if env_var else None
 
     # -- names -------------------------------------------------------------------------------
 
     def hardware_name(self, hw: Union[str, Any, None]) -> str:
-        """The spec name of ``hw``: a spec name, a HARDWARE record, or None (detect)."""
+        """The spec name of ``hw``: a spec name, a hardware record (a HARDWARE record, or any
+        record with ``vendor`` and ``arch_version`` such as a hand-written dispatch file's), or
+        None: the forced target, else the detected device, else the default target."""
         if hw is None:
+            if self.forced is not None:
+                return self._forced()
+            if self.default_target is not None and not _device_available():
+                return self.default_target
             return self.detect()
-        if isinstance(hw, self.record_type):
-            if self.hardware.get(hw.name) != hw:
-                raise ValueError(
-                    f"hardware record {hw.name!r} is not one of the generated HARDWARE records; "
-                    f"pass a spec name ({', '.join(sorted(self.hardware))}) or HARDWARE[name]"
-                )
-            return hw.name
         if isinstance(hw, str):
             if hw not in self.hardware:
                 raise KeyError(f"Unknown hardware: {hw!r}. Available: {sorted(self.hardware)}")
             return hw
+        if isinstance(hw, self.record_type) and self.hardware.get(hw.name) == hw:
+            return hw.name
+        if hasattr(hw, "vendor") and hasattr(hw, "arch_version"):
+            return self._record_name(hw)
         raise TypeError(f"hw must be a spec name, a HardwareCapability or None, not {type(hw).__name__}")
 
+    def _forced(self) -> str:
+        if self.forced not in self.hardware:
+            raise KeyError(
+                f"{self.env_var}={self.forced!r} names no hardware spec; available: {sorted(self.hardware)}"
+            )
+        return self.forced  # type: ignore[return-value]
+
+    def _record_name(self, hw: Any) -> str:
+        """The spec of a hardware record made elsewhere: the one of its vendor and arch whose
+        fields it shares all equal; else that arch's spec, with a warning naming the fields that
+        differ."""
+        same_arch = [
+            rec for rec in self.hardware.values() if rec.vendor == hw.vendor and rec.arch_version == hw.arch_version
+        ]
+        if not same_arch:
+            known = ", ".join(f"{r.vendor} {r.arch_version}" for r in self.hardware.values())
+            raise KeyError(f"no hardware spec for vendor {hw.vendor!r} arch {hw.arch_version}; specs exist for {known}")
+
+        def differing(rec: Any) -> list[str]:
+            out = []
+            for name in rec.__dataclass_fields__:
+                if name != "name" and hasattr(hw, name) and getattr(hw, name) != getattr(rec, name):
+                    out.append(f"{name} {getattr(hw, name)!r} (spec: {getattr(rec, name)!r})")
+            return out
+
+        for rec in same_arch:
+            if not differing(rec):
+                return rec.name
+        chosen = self.by_arch.get((hw.vendor, hw.arch_version), same_arch[0].name)
+        warnings.warn(
+            f"hardware record of {hw.vendor} arch {hw.arch_version} matches no spec exactly; using "
+            f"{chosen!r} ({self.spec_files[chosen]}), whose figures differ: {'; '.join(differing(self.hardware[chosen]))}",
+            RuntimeWarning,
+            stacklevel=_user_stacklevel(self.module),
+        )
+        return chosen
+
     def target_name(self, hw: Union[str, Any, None] = None, device: Any = None) -> str:
-        """``hw`` when given, else the spec of CUDA device ``device`` (a torch.device, "cuda:1",
-        an int index, or None for the current one), detected once per device index."""
+        """``hw`` when given; else the forced target; else the spec of CUDA device ``device`` (a
+        torch.device, "cuda:1", an int index), detected once per device index; with no
+        ``device``, the current device, or the default target where there is none."""
         if hw is not None:
             return self.hardware_name(hw)
+        if self.forced is not None:
+            return self._forced()
+        if device is None:
+            return self.hardware_name(None)
         if getattr(device, "type", None) == "cuda" and device.index is not None:
             # The launchers' hot path: a tensor's device, detected on an earlier call.
             name = self.detected.get(device.index)
@@ -260,6 +314,15 @@ class Detector:
             stacklevel=_user_stacklevel(self.module),
         )
         return chosen
+
+
+def _device_available() -> bool:
+    """Is there a GPU torch can see?  (False without torch.)"""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _import_torch() -> Any:

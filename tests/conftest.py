@@ -85,6 +85,7 @@ def hw_toml(vendor: str = "nvidia", arch: int = 80, *, optin: int = 166912, per_
 
 MODEL_TOML = """display_name = "m"
 head_dim = 256
+num_heads = 8
 num_kv_heads = 4
 max_seq_len = 1000
 max_num_seqs = 1

@@ -45,8 +45,8 @@ def test_iluvatar_never_chains_to_nvidia():
 
 
 def test_unknown_vendor_and_arch_below_every_spec_are_errors():
-    with pytest.raises(RuntimeError, match="unknown vendor 'amd'"):
-        detect_hardware("amd", (9, 4), "AMD Instinct MI300X")
+    with pytest.raises(RuntimeError, match="unknown vendor 'intel'"):
+        detect_hardware("intel", (12, 0), "Intel Data Center GPU Max 1550")
     with pytest.raises(RuntimeError, match="below every nvidia spec"):
         detect_hardware("nvidia", (7, 0), "Tesla V100-SXM2-16GB")
 
@@ -97,8 +97,9 @@ def test_name_without_vendor_infers_it():
         detect_hardware(name="NVIDIA A30")
     with pytest.raises(RuntimeError, match="below every iluvatar spec"):
         detect_hardware(capability=(7, 1), name="Iluvatar MR-V50")
-    with pytest.raises(RuntimeError, match="unknown vendor 'amd'"):
-        detect_hardware(capability=(9, 4), name="AMD Instinct MI300X")
+    # An AMD name is AMD's (specs/vendors/amd.toml name_words), whose arch needs the gfx name.
+    with pytest.raises(RuntimeError, match="no gfx arch name"):
+        detect_hardware(capability=(9, 4), name="AMD Instinct MI308X")
     with pytest.raises(RuntimeError, match="no vendor and no device name"):
         detect_hardware(capability=(9, 0))
 
@@ -223,3 +224,58 @@ def test_target_name_normalises_string_int_and_torch_devices(fake_gpus):
     with pytest.raises(TypeError, match="device"):
         target_name(device=1.5)
     assert target_name("h200", device="cpu") == "h200"  # hw wins: nothing is detected
+
+
+# ---------------------------------------------------------------------------------------------
+# Vendors are data (specs/vendors/): AMD's arch comes from the gfx target, not the capability.
+
+
+def test_amd_arch_comes_from_the_gfx_target_name():
+    from policy_runtime.detect import arch_number
+
+    amd = D.VENDORS["amd"]
+    assert arch_number(amd, (9, 4), "gfx942:sramecc+:xnack-") == 942
+    assert arch_number(amd, None, "gfx90a") == 910
+    assert arch_number(amd, (9, 4), None) is None  # ROCm's (9, 4) says nothing of 942
+    assert arch_number(D.VENDORS["nvidia"], (9, 0), "gfx942") == 90
+
+
+def test_mi300x_is_detected_by_name_and_by_gfx_arch():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert detect_hardware(name="AMD Instinct MI300X") == "mi300x"
+    assert HARDWARE["mi300x"].arch_version == 942 and HARDWARE["mi300x"].warp_size == 64
+    with pytest.warns(RuntimeWarning, match="matched by arch only"):
+        assert detect_hardware(name="AMD Instinct MI325X", arch_name="gfx942") == "mi300x"
+    with pytest.warns(RuntimeWarning, match="nearest lower arch"):
+        assert detect_hardware("amd", name="AMD Instinct MI355X", arch_name="gfx950") == "mi300x"
+    with pytest.raises(RuntimeError, match="no gfx arch name"):
+        detect_hardware("amd", (9, 4), "AMD Instinct MI325X")
+
+
+def test_mi300x_is_served_by_base_policies():
+    from generated.dispatch import dispatch_kernel_config
+
+    attention = dispatch_kernel_config("attention_fp16", "mi300x")
+    # 64 KiB LDS, no async copy (one stage): 64 rows of K and V at head_dim 256 x 2 B fill it.
+    assert attention.triton_block_n == 64 and attention.triton_num_stages == 1
+    assert not attention.use_native_v1 and not attention.use_native_v2
+    assert dispatch_kernel_config("rms_norm", "mi300x").warp_size == 64
+
+
+def test_a_rocm_device_is_detected_through_its_gfx_arch(fake_gpus, monkeypatch):
+    import torch
+
+    fake_gpus(("AMD Instinct MI325X", (9, 4), 304))
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    props = torch.cuda.get_device_properties
+
+    def with_gfx(index=None):
+        p = props(index)
+        p.gcnArchName = "gfx942:sramecc+:xnack-"
+        return p
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", with_gfx)
+    name, messages = _detect_recording(target_name, device=0)
+    assert name == "mi300x"
+    assert any("matched by arch only" in m for m in messages)

@@ -75,28 +75,32 @@ CASES = [
     ),
     (
         "unknown vendor (policy)",
-        "specs/kernels/moe.toml",
+        "specs/kernels/attention.toml",
         'vendor = "nvidia"',
         'vendor = "intel"',
-        ["specs/kernels/moe.toml:", "moe.policy[1].vendor: unknown vendor; known: amd, iluvatar, nvidia", "(got 'intel')"],
+        [
+            "specs/kernels/attention.toml:",
+            "attention.policy[1].vendor: unknown vendor; known: amd, iluvatar, nvidia",
+            "(got 'intel')",
+        ],
         'vendor = "intel"',
     ),
     (
         "duplicate threshold",
-        "specs/kernels/moe.toml",
+        "specs/kernels/attention.toml",
         'vendor = "nvidia"\nmin_arch = 80',
         'vendor = "iluvatar"\nmin_arch = 100',
-        ["specs/kernels/moe.toml:", "moe.policy[1].min_arch: duplicate threshold iluvatar>=100", "(got 100)"],
+        ["specs/kernels/attention.toml:", "attention.policy[1].min_arch: duplicate threshold iluvatar>=100", "(got 100)"],
         None,
     ),
     (
         "rule no candidate satisfies",
         "specs/kernels/attention.toml",
-        "triton_block_n = { largest = [64, 32, 16]",
+        "triton_block_n = { largest = [128, 64, 32, 16]",
         "triton_block_n = { largest = [128, 64]",
         [
             "specs/kernels/attention.toml:",
-            "attention.policy[0].triton_block_n",
+            "attention.base.triton_block_n",
             "target bi_v100",
             "no candidate for 'triton_block_n' in [128, 64]",
             "65,536 > hw.max_shared_memory_per_block_optin = 49,152",
@@ -110,8 +114,8 @@ CASES = [
         'block_size_k = { expr = "4096 if',
         [
             "specs/kernels/moe.toml:",
-            "moe.policy[1]",
-            "policy nvidia>=80 on target a10",
+            "moe.base",
+            "policy base on target a10",
             "specs/hardware/a10.toml",
             "fails check 'A and B tiles fit shared memory'",
             "A+B tiles need 393,216 B; a10 allows 101,376 B",
@@ -342,17 +346,20 @@ def test_seed_matmul_config_does_not_fit_gb10(project):
     assert snapshot(project / "generated") == before
 
 
-def test_split_k_without_its_wave_fails(project):
-    """A split-K bucket must say which wave its splits may fill (the part's SM count)."""
-    toml = project / "specs/kernels/matmul.toml"
-    edit(toml, 'num_programs = { expr = "hw.sm_count" }', "num_programs = 100", after='name = "small"')
-    before = snapshot(project / "generated")
-    result = run_cli("--root", str(project), "build")
-    assert result.code == 2
-    line = next(l for l in result.err.splitlines() if "target h200" in l and "bucket small" in l)
-    assert "fails check 'split-K fills one wave of the part'" in line
-    assert "split_k = 2 needs num_programs = h200's SM count (132) when above 1, else 0; got 100" in line
-    assert snapshot(project / "generated") == before
+def test_a_split_k_bucket_fills_one_wave_of_each_part_by_the_fields_default(project):
+    """num_programs is a rule stated once (the field's default), not a literal per bucket checked
+    afterwards: split-K and persistent kernels get the part's SM count, the rest 0."""
+    from codegen import pipeline
+
+    res = pipeline.run(project, until="tree_to_resolution")
+    (vr,) = [v for v in res.variants if v.variant == "matmul_16bit"]
+    for target, sms in (("h200", 132), ("b200", 148), ("a100", 108), ("bi_v100", 16)):
+        for bucket in vr.resolved[target].buckets:
+            record = dict(bucket.record)
+            wave = record["kernel"] == "tma_persistent" or record["split_k"] > 1
+            assert record["num_programs"] == (sms if wave else 0), (target, bucket.name)
+    text = (project / "specs/kernels/matmul.toml").read_text()
+    assert text.count("hw.sm_count") == 1
 
 
 def test_inherited_problem_gives_the_parent_file_line(project):

@@ -13,7 +13,7 @@ TILE = """
 [tile]
 record = "TileConfig"
 doc = "A test config."
-model = "m"
+models = ["m"]
 variants = {{ tile = {{ dtype_bytes = 2 }} }}
 
 [tile.fields]
@@ -326,3 +326,122 @@ def test_extends_chains_take_each_key_from_the_nearest_definer(tmp_path):
     c = load.load(tmp_path).config("c")
     assert c.source.where(c.policies[0].keypath).startswith("specs/kernels/b.toml:")
     assert c.source.paths == ("specs/kernels/b.toml", "specs/kernels/c.toml", "specs/kernels/tile.toml")
+
+
+CHAINED = """
+[c]
+record = "C"
+doc = "chaining test"
+models = ["m"]
+variants = {{ c = {{ dtype_bytes = 2 }} }}
+
+[c.fields]
+block = {{ type = "int", doc = "rows" }}
+stages = {{ type = "int", doc = "depth" }}
+waves = {{ type = "int", doc = "programs", default = {{ expr = "hw.sm_count * 2" }} }}
+
+[c.derived]
+smem_bytes = "block * model.head_dim * dtype_bytes * stages"
+
+{policies}
+"""
+
+
+def chained(tmp_path, hardware, policies):
+    make_tree(tmp_path, hardware, {"c": CHAINED.format(policies=policies)})
+    return by_target(resolve.resolve(load.load(tmp_path)))
+
+
+def test_a_policy_states_only_what_differs_from_the_policy_it_chains_from(tmp_path):
+    hardware = {"a": hw_toml("nvidia", 80, optin=LARGE), "h": hw_toml("nvidia", 90, optin=LARGE)}
+    _, values = chained(
+        tmp_path,
+        hardware,
+        """
+[c.base]
+block = 16
+stages = 1
+[[c.policy]]
+vendor = "nvidia"
+min_arch = 80
+stages = 2
+[[c.policy]]
+vendor = "nvidia"
+min_arch = 90
+block = 64
+""",
+    )
+    # 90 chains from 80 (stages 2), which chains from base (block 16); waves is the field default.
+    assert values["a"] == {"block": 16, "stages": 2, "waves": 200}
+    assert values["h"] == {"block": 64, "stages": 2, "waves": 200}
+
+
+def test_a_pick_may_read_a_derived_value_of_the_candidate(tmp_path):
+    hardware = {"big": hw_toml("nvidia", 90, optin=LARGE), "small": hw_toml("nvidia", 86, optin=SMALL, per_sm=102400)}
+    _, values = chained(
+        tmp_path,
+        hardware,
+        """
+[[c.policy]]
+vendor = "nvidia"
+min_arch = 80
+stages = 2
+block = { largest = [256, 128, 64], where = "smem_bytes <= hw.max_shared_memory_per_block_optin" }
+""",
+    )
+    # 2 stages x 256 x 2 B per row: 128 rows fit 227 KB (131,072 B; 256 rows need 262,144), 64 fit 99 KB.
+    assert values["big"]["block"] == 128 and values["small"]["block"] == 64
+
+
+def test_a_policy_may_be_limited_to_named_targets(tmp_path):
+    hardware = {
+        "h100": hw_toml("nvidia", 90, optin=LARGE),
+        "h200": hw_toml("nvidia", 90, optin=LARGE, device_names='["H200X"]'),
+    }
+    vr, values = chained(
+        tmp_path,
+        hardware,
+        """
+[[c.policy]]
+vendor = "nvidia"
+min_arch = 90
+block = 32
+stages = 2
+[[c.policy]]
+vendor = "nvidia"
+min_arch = 90
+targets = ["h200"]
+note = "tuned on the H200"
+block = 64
+""",
+    )
+    assert values["h100"]["block"] == 32 and values["h200"] == {"block": 64, "stages": 2, "waves": 200}
+    assert vr.resolved["h200"].policy.label == "nvidia>=90[h200]"
+
+
+def test_a_target_list_names_parts_of_the_policys_vendor(tmp_path):
+    hardware = {"h": hw_toml("nvidia", 90, optin=LARGE), "i": hw_toml("iluvatar", 100, optin=LARGE)}
+    make_tree(
+        tmp_path,
+        hardware,
+        {
+            "c": CHAINED.format(
+                policies='[c.base]\nblock = 1\nstages = 1\n[[c.policy]]\nvendor = "nvidia"\nmin_arch = 90\n'
+                'targets = ["i", "nope"]\nblock = 2\n'
+            )
+        },
+    )
+    with pytest.raises(SpecErrors) as exc:
+        load.load(tmp_path)
+    text = str(exc.value)
+    assert "c.policy[0].targets[0]: target is a iluvatar part; this policy is for nvidia (got 'i')" in text
+    assert "c.policy[0].targets[1]: no such hardware spec" in text
+
+
+def test_a_field_no_policy_in_the_chain_sets_is_an_error_naming_the_target(tmp_path):
+    hardware = {"h": hw_toml("nvidia", 90, optin=LARGE)}
+    make_tree(tmp_path, hardware, {"c": CHAINED.format(policies='[[c.policy]]\nvendor = "nvidia"\nmin_arch = 80\nblock = 8\n')})
+    with pytest.raises(SpecErrors) as exc:
+        resolve.resolve(load.load(tmp_path))
+    text = str(exc.value)
+    assert "policy nvidia>=80 on target h" in text and "no value for field(s) stages of C" in text
