@@ -7,10 +7,11 @@
     python3 bench/sweep_matmul.py --cpu-smoke --hw h200             # tiny fp16 shapes, interpreter
 
 A candidate runs one of the kernel bodies that generated/matmul.py specializes (``_grouped``,
-``_small_m``, ``_tma_persistent``) with its constants given at launch, so a winner goes into
-specs/kernels/matmul.toml as it is, with one difference: a grp or sm candidate's ``skK`` always
-splits K ways, while a policy's ``split_k`` is a ceiling that a launch lowers where its tiles fill
-the SMs (a tma candidate's ``skK`` is that same ceiling, on the tiles of its last partial wave).
+``_small_m``, ``_tma_persistent`` of policy_runtime/matmul.py) with its constants given at launch,
+so a winner goes into specs/kernels/matmul.toml as it is, with one difference: a grp or sm
+candidate's ``skK`` always splits K ways, while a policy's ``split_k`` is a ceiling that a launch
+lowers where its tiles fill the SMs (a tma candidate's ``skK`` is that same ceiling, on the tiles
+of its last partial wave).
 Candidate syntax, fields after the kind in any order:
 
     grp:BMxBNxBK:wWsS[:skK][:gG]              grouped pointer kernel, split-K K, GROUP_M G
@@ -62,6 +63,7 @@ import triton  # noqa: E402
 from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import dispatch  # noqa: E402
 from generated import matmul as mm  # noqa: E402
+from policy_runtime import matmul as rt  # noqa: E402  (the kernel bodies and launch rules)
 
 DEVICE = "cpu" if ARGS.cpu_smoke else "cuda"
 DTYPE = torch.float16 if ARGS.cpu_smoke else torch.bfloat16
@@ -152,16 +154,16 @@ def launcher(c: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
     N = b.shape[1]
     prec = "ieee" if a.dtype == torch.float32 else "tf32"
     if c["kind"] == "tma":
-        if any(mm._tma_layout(t) != (False, t.stride(0)) for t in (a, b, out)):
+        if any(rt._tma_layout(t) != (False, t.stride(0)) for t in (a, b, out)):
             raise ValueError("operands TMA cannot describe (row strides must be multiples of 16 bytes)")
         tiles = triton.cdiv(M, c["BM"]) * triton.cdiv(N, c["BN"])
-        # The generated launcher's own split rule, on a record with this candidate's constants.
+        # The matmul launcher's own split rule, on a record with this candidate's constants.
         rule = SimpleNamespace(kind="tma_persistent", split_k=c["SK"], num_programs=c["P"])
-        splits, last = mm._splits(rule, tiles), mm._split_tiles(rule, tiles)
+        splits, last = rt._splits(rule, tiles), rt._split_tiles(rule, tiles)
         ws = torch.zeros(max(last * splits * c["BM"] * c["BN"], 1), dtype=torch.float32, device=a.device)
         cnt = torch.zeros(max(last, 1), dtype=torch.int32, device=a.device)
         grid = (min(c["P"], tiles * splits),)
-        return lambda: mm._tma_persistent[grid](
+        return lambda: rt._tma_persistent[grid](
             a, b, out, ws, cnt, M, N, K, splits, a.stride(0), b.stride(0), out.stride(0), A_TRANS=False,
             B_TRANS=False, BLOCK_M=c["BM"], BLOCK_N=c["BN"], BLOCK_K=c["BK"], GROUP_M=c["G"],
             SPLIT_K=c["SK"], NUM_PROGS=c["P"], EPILOGUE_SUBTILE=c["EPI"], FLATTEN=c["FL"], DOT_PREC=prec,
@@ -169,16 +171,16 @@ def launcher(c: dict, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
         )  # fmt: skip
     gm, gn = triton.cdiv(M, c["BM"]), triton.cdiv(N, c["BN"])
     ws, cnt = out, out  # unused without split-K
-    if c["SK"] > 1:  # fp32 partials and self-resetting counters, as generated/matmul.py allocates them
+    if c["SK"] > 1:  # fp32 partials and self-resetting counters, as the launcher (rt) allocates them
         ws = torch.zeros(gm * gn * c["SK"] * c["BM"] * c["BN"], dtype=torch.float32, device=a.device)
         cnt = torch.zeros(gm * gn, dtype=torch.int32, device=a.device)
     strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
     if c["kind"] == "sm":
-        return lambda: mm._small_m[(gn, c["SK"], gm)](
+        return lambda: rt._small_m[(gn, c["SK"], gm)](
             a, b, out, ws, cnt, M, N, K, *strides, BLOCK_M=c["BM"], BLOCK_N=c["BN"], BLOCK_K=c["BK"],
             SPLIT_K=c["SK"], STAGES=c["S"], DOT_PREC=prec, num_warps=c["W"], num_stages=c["S"],
         )  # fmt: skip
-    return lambda: mm._grouped[(gm * gn, c["SK"])](
+    return lambda: rt._grouped[(gm * gn, c["SK"])](
         a, b, out, ws, cnt, M, N, K, *strides, EVEN_K=K % c["BK"] == 0, BLOCK_M=c["BM"], BLOCK_N=c["BN"],
         BLOCK_K=c["BK"], GROUP_M=c["G"], SPLIT_K=c["SK"], DOT_PREC=prec, num_warps=c["W"], num_stages=c["S"],
     )  # fmt: skip
@@ -226,7 +228,7 @@ def main() -> int:
     hw = dispatch.target_name(ARGS.hw)
     sm_count = dispatch.HARDWARE[hw].sm_count
     if not ARGS.cpu_smoke:
-        triton.set_allocator(mm._descriptor_scratch)  # the descriptor scratch the launcher sets per launch
+        triton.set_allocator(rt._descriptor_scratch)  # the descriptor scratch the launcher sets per launch
     shapes = SMOKE_SHAPES if ARGS.cpu_smoke else list(CANDIDATES)
     if ARGS.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in ARGS.shapes]

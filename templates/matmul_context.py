@@ -67,6 +67,16 @@ def kernel_summary(c: dict[str, Any]) -> str:
     return ", ".join(parts) + "."
 
 
+def literal(value: Any) -> str:
+    """``value`` as a Python literal in black's style (a string in double quotes where that needs
+    no escape), for the statements the template lays out itself (``# fmt: skip``, which black
+    leaves as they are)."""
+    text = repr(value)
+    if isinstance(value, str) and text.startswith("'") and '"' not in value:
+        return '"' + text[1:-1] + '"'
+    return text
+
+
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
     kernels: dict[str, dict[str, Any]] = {}
 
@@ -136,5 +146,8 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
         tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
     # Pointer kernels first, so a TMA kernel's record can name its fallback.
     ordered = sorted(kernels.values(), key=lambda k: (k["kind"] == "tma_persistent", k["name"]))
+    for k in ordered:
+        named = {"name": k["name"], "kind": k["kind"], "dot_prec": k["dot_prec"], "fallback": k["fallback"]}
+        k["literal"] = {field: literal(value) for field, value in {**k["c"], **named}.items()}
     kinds = sorted({k["kind"] for k in ordered})
     return {"kernels": ordered, "kinds": kinds, "policies": policies, "tables": tables}

@@ -112,7 +112,7 @@ def test_show_lists_policies_thresholds_and_groups():
     result = run_cli("show", "attention")
     assert result.code == 0
     out = result.out
-    assert "== attention_fp16 (AttentionConfig, specs/kernels/attention.toml; dtype_bytes=2) ==" in out
+    assert "== attention_fp16 (AttentionConfig, specs/kernels/attention.toml; dtype_bytes=2; model qwen36) ==" in out
     assert re.search(r"  nvidia80_[0-9a-f]{6}: a100, h100, h200, b200\n", out)
     assert re.search(r"  nvidia86_[0-9a-f]{6}: a10, l40s, rtx5090, gb10\n", out)
     assert "iluvatar>=100" in out and "nvidia>=80" in out

@@ -1,19 +1,25 @@
 """generated/matmul.py: every specialized kernel on ragged shapes, bucket selection, errors.
 
+The kernel bodies and the host side (launchers, workspaces, checks) are policy_runtime/matmul.py's:
+tests of internals read and patch them there (``rt``).
+
 On a machine without a GPU these run in Triton's interpreter (tests/conftest.py sets
 TRITON_INTERPRET=1), which cannot do bf16 arithmetic: fp16 and fp32 are tested there, and
 bf16 too where a GPU runs the tests (every 16-bit kernel on its ragged shapes).
 """
 
+import ast
 import dataclasses
+import inspect
 
 import pytest
 import torch
 import triton
 
-from generated import _launch as launch
 from generated import matmul as mm
 from generated.dispatch import HARDWARE
+from policy_runtime import launch
+from policy_runtime import matmul as rt  # the kernel bodies and host side mm delegates to
 
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 1e-2}
 GPU = torch.cuda.is_available()
@@ -80,13 +86,46 @@ def test_every_kernel_on_ragged_shapes(name):
 
 
 def test_every_target_and_dtype_has_a_policy_whose_buckets_all_run():
-    """Each target's policy, both dtype classes, through matmul_triton (no library fallback)."""
+    """Each target's policy, both dtype classes: every bucket names an emitted kernel (a TMA
+    kernel also its pointer fallback), and every emitted kernel serves some bucket."""
     seen = set()
     for target in sorted(HARDWARE):
         for dtype in (torch.float16, torch.float32):
             for bucket in mm.buckets(target, dtype):
-                seen.add(bucket.triton.name)
-    assert seen == {n for n in mm.VARIANTS if not n.endswith("_ptr")}
+                v = bucket.triton
+                seen.add(v.name)
+                if v.fallback is not None:  # a TMA kernel's pointer kernel, for other operands
+                    assert v.kind == "tma_persistent" and v.fallback.kind == "grouped"
+                    assert mm.VARIANTS[v.fallback.name] is v.fallback
+                    seen.add(v.fallback.name)
+    assert seen == set(mm.VARIANTS)  # and every kernel emitted serves some bucket
+
+
+# Body constant -> the Variant field the launcher reads it from (grids, split-K buffers).
+RECORD_FIELD_OF = {
+    "BLOCK_M": "block_m",
+    "BLOCK_N": "block_n",
+    "BLOCK_K": "block_k",
+    "GROUP_M": "group_m",
+    "SPLIT_K": "split_k",
+    "STAGES": "num_stages",
+    "NUM_PROGS": "num_programs",
+}
+
+
+def test_each_record_holds_the_constants_its_kernel_bakes_in():
+    """A specialized kernel calls its body (policy_runtime.matmul) with its constants as keyword
+    arguments; its Variant record, from which the launcher sizes grids and workspaces, holds the
+    same values."""
+    for name, v in mm.VARIANTS.items():
+        tree = ast.parse(inspect.getsource(v.kernel.fn))
+        (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == f"_{v.kind}"]
+        consts = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        assert {c: consts[c] for c in RECORD_FIELD_OF if c in consts} == {
+            c: getattr(v, f) for c, f in RECORD_FIELD_OF.items() if c in consts
+        }, name
+        assert consts["DOT_PREC"] == ("ieee" if dtype_of(name) == torch.float32 else "tf32"), name
+        assert v.name == name and v.kernel.fn.__module__ == mm.__name__
 
 
 # Bucket choices of the H200 policy (specs/kernels/matmul.toml, nvidia>=90), as data:
@@ -171,11 +210,11 @@ def test_decode_buckets_run_triton_only_in_graph_capture(monkeypatch):
     being captured into a CUDA graph (faked here: the interpreter has no graphs), either way
     the right product; matmul_triton always runs the kernel."""
     calls, launches = [], []
-    real_matmul, real_launch = torch.matmul, mm.Variant.launch
+    real_matmul, real_launch = torch.matmul, rt.Variant.launch
     monkeypatch.setattr(torch, "matmul", lambda *a, **k: calls.append(1) or real_matmul(*a, **k))
-    monkeypatch.setattr(mm.Variant, "launch", lambda self, *a: launches.append(self.name) or real_launch(self, *a))
+    monkeypatch.setattr(rt.Variant, "launch", lambda self, *a: launches.append(self.name) or real_launch(self, *a))
     capturing = [False]
-    monkeypatch.setattr(mm, "_capturing", lambda a: capturing[0])
+    monkeypatch.setattr(rt, "_capturing", lambda a: capturing[0])
     for hw, (M, N, K) in [("h200", (16, 8200, 40)), ("a100", (8, 96, 64))]:  # decode_wide; Ampere's decode
         bucket = mm.select(M, N, K, dtype=torch.float16, hw=hw)
         assert bucket.eager_library and not bucket.library
@@ -212,21 +251,21 @@ def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape,
     (v,) = {mm.select(*shape, dtype=torch.float16, hw="h200").triton for shape in shapes}
     for M, N, K in shapes + [cpu_shape]:
         tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
-        assert mm._splits(v, tiles) > 1
+        assert rt._splits(v, tiles) > 1
     assert {mm.select(*shape, hw="h200").name for shape in shapes} == {bucket}
-    monkeypatch.setattr(mm, "_WORKSPACES", {})
-    monkeypatch.setattr(mm, "_UNZEROED", set())
-    monkeypatch.setattr(mm, "_SPARE_COUNTERS", {})
+    monkeypatch.setattr(rt, "_WORKSPACES", {})
+    monkeypatch.setattr(rt, "_UNZEROED", set())
+    monkeypatch.setattr(rt, "_SPARE_COUNTERS", {})
     if not GPU:
         run = lambda a, b, out: v.launch(a, b, out, *cpu_shape) or out  # noqa: E731
         check(run, *cpu_shape, torch.float16)  # eager: makes the spare
-        spare_buf = mm._SPARE_COUNTERS[torch.device("cpu")]
+        spare_buf = rt._SPARE_COUNTERS[torch.device("cpu")]
         if not spare:
-            mm._SPARE_COUNTERS.clear()
-        monkeypatch.setattr(mm, "_capturing", lambda a: True)
+            rt._SPARE_COUNTERS.clear()
+        monkeypatch.setattr(rt, "_capturing", lambda a: True)
         check(run, *cpu_shape, torch.float16)
-        ((key, cnt),) = [(k, t) for k, t in mm._WORKSPACES.items() if k[2] == "split_k_counters (graphs)"]
-        assert (cnt is spare_buf) == spare and (key in mm._UNZEROED) == (not spare)
+        ((key, cnt),) = [(k, t) for k, t in rt._WORKSPACES.items() if k[2] == "split_k_counters (graphs)"]
+        assert (cnt is spare_buf) == spare and (key in rt._UNZEROED) == (not spare)
         if not spare:
             cnt.fill_(7)  # what the pool may hold: the launch must reset it
         check(run, *cpu_shape, torch.float16)
@@ -239,7 +278,7 @@ def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape,
         mm.matmul_triton(a, b, hw="h200")  # compile outside capture (and make the spare)
         cases.append((a, b, (a.double() @ b.double()), torch.empty(M, N, dtype=torch.float16, device=DEVICE)))
     if not spare:
-        mm._SPARE_COUNTERS.clear()
+        rt._SPARE_COUNTERS.clear()
     torch.cuda.synchronize()
     scribbler = torch.cuda.CUDAGraph()
     with torch.cuda.graph(scribbler):
@@ -252,8 +291,8 @@ def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape,
         with torch.cuda.graph(g, pool=scribbler.pool()):
             mm.matmul_triton(a, b, out=out, hw="h200")
         graphs.append(g)
-    keys = [k for k in mm._WORKSPACES if k[2] == "split_k_counters (graphs)"]
-    assert len(keys) == 1 and (keys[0] in mm._UNZEROED) == (not spare)
+    keys = [k for k in rt._WORKSPACES if k[2] == "split_k_counters (graphs)"]
+    assert len(keys) == 1 and (keys[0] in rt._UNZEROED) == (not spare)
     for i in (1, 0, 1, 0, 0, 1):
         scribbler.replay()
         a, b, ref, out = cases[i]
@@ -266,13 +305,13 @@ def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape,
 
 def test_capture_check_is_cuda_only():
     a = torch.randn(2, 2)
-    assert mm._capturing(a) is False  # a CPU tensor is never captured; no CUDA call is made
+    assert rt._capturing(a) is False  # a CPU tensor is never captured; no CUDA call is made
 
 
 def test_views_are_used_as_they_are(monkeypatch):
     """A transposed or sliced operand reaches the kernel as the same tensor: no copies."""
     seen = []
-    monkeypatch.setattr(mm.Variant, "launch", lambda self, a, b, c, M, N, K: seen.append((a, b, c)))
+    monkeypatch.setattr(rt.Variant, "launch", lambda self, a, b, c, M, N, K: seen.append((a, b, c)))
     base = torch.randn(64, 200, dtype=torch.float16, device=DEVICE)
     a = base[:, 10:90]  # strided rows
     b = torch.randn(48, 80, dtype=torch.float16, device=DEVICE).t()  # transposed
@@ -287,25 +326,25 @@ def test_split_k_workspaces_are_per_stream(monkeypatch):
     its own buffers, a stream's second call reuses its own, and every result is right."""
     v = next(v for name, v in sorted(mm.VARIANTS.items()) if v.split_k > 1 and "_fp32_" not in name)
     stream = ["s0"]
-    monkeypatch.setattr(mm, "_stream_key", lambda device: stream[0])
-    monkeypatch.setattr(mm, "_WORKSPACES", {})
+    monkeypatch.setattr(rt, "_stream_key", lambda device: stream[0])
+    monkeypatch.setattr(rt, "_WORKSPACES", {})
 
     def run(a, b, out):
         v.launch(a, b, out, a.shape[0], b.shape[1], a.shape[1])
         return out
 
     check(run, 7, 130, 300, torch.float16)
-    first = dict(mm._WORKSPACES)
+    first = dict(rt._WORKSPACES)
     stream[0] = "s1"
     check(run, 7, 130, 300, torch.float16)
-    assert {k[1] for k in mm._WORKSPACES} == {"s0", "s1"}
-    s0 = {k[2]: t for k, t in mm._WORKSPACES.items() if k[1] == "s0"}
-    s1 = {k[2]: t for k, t in mm._WORKSPACES.items() if k[1] == "s1"}
+    assert {k[1] for k in rt._WORKSPACES} == {"s0", "s1"}
+    s0 = {k[2]: t for k, t in rt._WORKSPACES.items() if k[1] == "s0"}
+    s1 = {k[2]: t for k, t in rt._WORKSPACES.items() if k[1] == "s1"}
     assert set(s0) == set(s1) == {"split_k_partials", "split_k_counters"}
     assert all(s0[n].data_ptr() != s1[n].data_ptr() for n in s0)
     stream[0] = "s0"
     check(run, 7, 130, 300, torch.float16)
-    assert all(mm._WORKSPACES[k] is t for k, t in first.items())  # s0 kept its own buffers
+    assert all(rt._WORKSPACES[k] is t for k, t in first.items())  # s0 kept its own buffers
 
 
 def test_descriptor_scratch_is_a_per_stream_workspace(monkeypatch):
@@ -313,13 +352,13 @@ def test_descriptor_scratch_is_a_per_stream_workspace(monkeypatch):
     per-device, per-stream workspaces as the split-K buffers, keyed by the stream Triton passes.
     Wiring only: the TMA launch path itself runs on the GPU (tests above, bench/)."""
     calls = []
-    monkeypatch.setattr(mm.torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(mm.torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(mm, "_workspace", lambda *args: calls.append(args) or f"buffer {len(calls)}")
-    assert mm._descriptor_scratch(300, 128, 7) == "buffer 1"
-    assert mm._descriptor_scratch(1 << 20, 128, 9) == "buffer 2"
-    monkeypatch.setattr(mm.torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert mm._descriptor_scratch(300, 128, 7) == "buffer 3"
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(rt, "_workspace", lambda *args: calls.append(args) or f"buffer {len(calls)}")
+    assert rt._descriptor_scratch(300, 128, 7) == "buffer 1"
+    assert rt._descriptor_scratch(1 << 20, 128, 9) == "buffer 2"
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert rt._descriptor_scratch(300, 128, 7) == "buffer 3"
     cuda0 = torch.device("cuda", 0)
     assert calls == [
         (cuda0, 7, "tma_descriptors", 1 << 16, torch.int8, False),
@@ -330,14 +369,14 @@ def test_descriptor_scratch_is_a_per_stream_workspace(monkeypatch):
 
 def test_captured_launches_get_workspaces_of_their_own(monkeypatch):
     """One set of per-stream buffers for eager launches and one for launches being captured."""
-    monkeypatch.setattr(mm, "_WORKSPACES", {})
-    monkeypatch.setattr(mm, "_UNZEROED", set())
-    eager = mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, False)
-    graphs = mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, True)
+    monkeypatch.setattr(rt, "_WORKSPACES", {})
+    monkeypatch.setattr(rt, "_UNZEROED", set())
+    eager = rt._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, False)
+    graphs = rt._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, True)
     assert eager.data_ptr() != graphs.data_ptr()
-    assert sorted(k[2] for k in mm._WORKSPACES) == ["split_k_counters", "split_k_counters (graphs)"]
-    assert {k[2] for k in mm._UNZEROED} == {"split_k_counters (graphs)"}  # made in capture: zeroed on replay only
-    assert mm._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, True) is graphs
+    assert sorted(k[2] for k in rt._WORKSPACES) == ["split_k_counters", "split_k_counters (graphs)"]
+    assert {k[2] for k in rt._UNZEROED} == {"split_k_counters (graphs)"}  # made in capture: zeroed on replay only
+    assert rt._workspace(torch.device("cpu"), None, "split_k_counters", 10, torch.int32, True) is graphs
 
 
 SPLIT_VARIANTS = sorted(n for n, v in mm.VARIANTS.items() if v.split_k > 1 and v.kind != "tma_persistent")
@@ -350,26 +389,26 @@ def test_split_k_only_fills_one_wave(name):
     SM count), and not at all once its tiles fill the wave; both launches are exact."""
     v = mm.VARIANTS[name]
     assert v.num_programs > 0
-    assert mm._splits(v, 1) == v.split_k
-    assert mm._splits(v, v.num_programs // v.split_k) == v.split_k
+    assert rt._splits(v, 1) == v.split_k
+    assert rt._splits(v, v.num_programs // v.split_k) == v.split_k
     if (v.num_programs, v.split_k) == (132, 2):  # the H100/H200 SM count: by hand
-        assert [mm._splits(v, t) for t in (1, 64, 66, 67, 131, 132, 500)] == [2, 2, 2, 1, 1, 1, 1]
-    assert mm._splits(v, v.num_programs) == 1
-    assert mm._splits(v, 10 * v.num_programs) == 1
+        assert [rt._splits(v, t) for t in (1, 64, 66, 67, 131, 132, 500)] == [2, 2, 2, 1, 1, 1, 1]
+    assert rt._splits(v, v.num_programs) == 1
+    assert rt._splits(v, 10 * v.num_programs) == 1
     dtype = dtype_of(name)
     M, N, K = (7, 130, 300) if v.kind == "small_m" else (19, 130, 300)
     tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
     for wave, splits in ((tiles, 1), (tiles * v.split_k, v.split_k)):
         w = dataclasses.replace(v, num_programs=wave)
-        assert mm._splits(w, tiles) == splits
-        mm._WORKSPACES.clear()
+        assert rt._splits(w, tiles) == splits
+        rt._WORKSPACES.clear()
 
         def run(a, b, out):
             w.launch(a, b, out, M, N, K)
             return out
 
         check(run, M, N, K, dtype)  # with one split, a kernel that still cut K in two would be wrong
-        partials = next(t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_partials")
+        partials = next(t for k, t in rt._WORKSPACES.items() if k[2] == "split_k_partials")
         assert partials.dtype == torch.float32  # the kernel's split-K branch needs these types
         # An unsplit launch sizes nothing for its tiles and writes no partials.
         assert (partials.numel() >= tiles * splits * v.block_m * v.block_n) == (splits > 1)
@@ -389,23 +428,23 @@ def test_tma_kernel_splits_only_its_last_partial_wave(name, monkeypatch):
         # 128x256 tiles), 320 = 2 waves + 56 (5120x2048).
         cases = [(1, 4), (33, 4), (34, 3), (44, 3), (45, 2), (66, 2), (67, 1), (131, 1), (132, 1)]
         cases += [(133, 4), (166, 3), (264, 1), (320, 2), (1720, 4)]
-        assert [mm._splits(v, t) for t, _ in cases] == [s for _, s in cases]
-    assert mm._splits(v, P) == mm._splits(v, 7 * P) == 1  # only full waves: nothing split
-    assert mm._splits(v, P + 1) == mm._splits(v, 1) == v.split_k
+        assert [rt._splits(v, t) for t, _ in cases] == [s for _, s in cases]
+    assert rt._splits(v, P) == rt._splits(v, 7 * P) == 1  # only full waves: nothing split
+    assert rt._splits(v, P + 1) == rt._splits(v, 1) == v.split_k
     # One full wave plus one tile, split split_k ways over K tiles that do not divide evenly.
     dtype = dtype_of(name)
     M, N, K = 100, P * v.block_n + 8, v.split_k * v.block_k + 8
     assert triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n) == P + 1
-    mm._WORKSPACES.clear()
-    monkeypatch.setattr(mm, "_launch_grouped", None)  # the TMA kernel itself, not its fallback
+    rt._WORKSPACES.clear()
+    monkeypatch.setattr(rt, "_launch_grouped", None)  # the TMA kernel itself, not its fallback
 
     def run(a, b, out):
         v.launch(a, b, out, M, N, K)
         return out
 
     first = check(run, M, N, K, dtype)
-    partials = next(t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_partials")
-    counters = next(t for k, t in mm._WORKSPACES.items() if k[2] == "split_k_counters")
+    partials = next(t for k, t in rt._WORKSPACES.items() if k[2] == "split_k_partials")
+    counters = next(t for k, t in rt._WORKSPACES.items() if k[2] == "split_k_counters")
     assert partials.numel() >= v.split_k * v.block_m * v.block_n
     assert bool(torch.count_nonzero(partials[: v.split_k * v.block_m * v.block_n]))
     assert not bool(torch.count_nonzero(counters))
@@ -491,12 +530,12 @@ def test_offsets_past_32_bits_go_to_torch_matmul_or_raise(monkeypatch):
         mm.matmul_triton(a, b, hw="bi_v100")
     assert mm.matmul(a, b, hw="bi_v100").shape == (70, 32)  # torch.matmul
     small = torch.empty(2**24 * 69 + 64, dtype=torch.float16, device="meta").as_strided((70, 64), (2**24, 1))
-    assert mm._unservable(small, b, None, 70, 32, 64) is None  # 1,157,627,967 fits
+    assert rt._unservable(small, b, None, 70, 32, 64) is None  # 1,157,627,967 fits
     # The result the launcher allocates counts too: 46,341 x 46,341 reaches 2,147,488,280.
     a, b = (torch.empty(shape, dtype=torch.float16, device="meta") for shape in ((46341, 16), (16, 46341)))
     with pytest.raises(ValueError, match=r"the result \(46341, 46341\) reaches element offset 2,147,488,280"):
         mm.matmul_triton(a, b, hw="bi_v100")
-    assert mm._unservable(a[:46340], b[:, :46340], None, 46340, 46340, 16) is None
+    assert rt._unservable(a[:46340], b[:, :46340], None, 46340, 46340, 16) is None
 
 
 def test_cpu_tensors_without_the_interpreter(monkeypatch):
@@ -553,8 +592,8 @@ def test_tma_launches_restore_the_callers_allocator(monkeypatch):
             self.calls.append((threading.get_ident(), "reset", self.real.get()))
             self.real.reset(token)
 
-    spy = Spy(mm._ALLOCATOR)
-    monkeypatch.setattr(mm, "_ALLOCATOR", spy)
+    spy = Spy(rt._ALLOCATOR)
+    monkeypatch.setattr(rt, "_ALLOCATOR", spy)
     before = alloc._allocator.get()
     a, b = operands(260, 1040, 64, torch.float16)
     tma = mm.select(260, 1040, 64, dtype=torch.float16, hw="h200").triton
@@ -571,7 +610,7 @@ def test_tma_launches_restore_the_callers_allocator(monkeypatch):
     mm.matmul_triton(a, b, out=out, hw="h200")
     assert alloc._allocator.get() is before
     assert len(results) == 1 and torch.equal(results[0], out)
-    scratch = mm._descriptor_scratch
+    scratch = rt._descriptor_scratch
     threads = [call[0] for call in spy.calls]
     assert len(set(threads)) == 2 and spy.calls == [
         (threads[0], "set", scratch),
