@@ -50,6 +50,8 @@ from pydantic import (
     model_validator,
 )
 
+from .frozen import frozen
+
 IDENT = r"^[a-z][a-z0-9_]*$"
 Ident = Annotated[str, Field(pattern=IDENT)]
 PosInt = Annotated[StrictInt, Field(gt=0)]
@@ -101,6 +103,10 @@ NotKeyword = AfterValidator(_not_keyword)
 # A record field: an attribute and a keyword argument in generated code.  (Soft keywords such
 # as 'match' are valid identifiers.)
 FieldName = Annotated[str, Field(pattern=IDENT), NotKeyword]
+
+
+# What a spec model keeps of a table it stores: an immutable copy (records hold these models).
+Frozen = AfterValidator(frozen)
 
 
 class Spec(BaseModel):
@@ -287,7 +293,7 @@ class ModelSpec(Spec):
     # every field the model sets (``QWEN36_HEAD_DIM``), under the name ``constant_names`` gives
     # where it gives one (``hidden_size = "HIDDEN"``: ``QWEN36_HIDDEN``).  None: no constants.
     constant_prefix: UpperIdent | None = None
-    constant_names: dict[FieldName, UpperIdent] = {}
+    constant_names: Annotated[dict[FieldName, UpperIdent], Frozen] = Field(default={}, validate_default=True)
 
     @model_validator(mode="after")
     def _moe_complete(self) -> "ModelSpec":
@@ -322,8 +328,8 @@ MODEL_RULE_ATTRS: tuple[str, ...] = tuple(sorted(MODEL_DIMENSIONS))
 
 def model_rule_namespace(spec: ModelSpec) -> dict[str, Any]:
     """The ``model`` namespace of rules: the dimensions the model sets."""
-    flat = spec.model_dump()
-    return {attr: flat[attr] for attr in MODEL_RULE_ATTRS if flat[attr] is not None}
+    values = {attr: getattr(spec, attr) for attr in MODEL_RULE_ATTRS}
+    return {attr: value for attr, value in values.items() if value is not None}
 
 
 # ---------------------------------------------------------------------------
@@ -343,7 +349,7 @@ class FieldSpec(Spec):
     # The value where no policy in a target's chain sets the field: a literal or a rule
     # (``{ expr = "hw.sm_count if split_k > 1 else 0" }``), so that a derived default is stated
     # once, not written into every policy and checked afterwards.  load.py parses it.
-    default: Scalar | dict[str, Any] | None = None
+    default: Annotated[Scalar | dict[str, Any] | None, Frozen] = None
 
 
 class ExprRule(Spec):
@@ -409,7 +415,9 @@ class SelectorSpec(Spec):
     """A selector function: its name and parameters (parameter -> what it matches)."""
 
     name: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]*$"), NotKeyword]
-    params: dict[FieldName, Annotated[str, Field(pattern=r"^(model\.)?[a-z][a-z0-9_]*$")]] = Field(min_length=1)
+    params: Annotated[
+        dict[FieldName, Annotated[str, Field(pattern=r"^(model\.)?[a-z][a-z0-9_]*$")]], Frozen
+    ] = Field(min_length=1)
 
 
 class ConfigSpec(Spec):
@@ -530,4 +538,4 @@ class ModuleSpec(Spec):
     context: ModuleFile | None = None
     # Config name -> what the module reads of it.  Its header names these configs' spec files,
     # and the template sees exactly these configs as ``configs``.
-    reads: dict[Ident, ReadSpec] = Field(min_length=1)
+    reads: Annotated[dict[Ident, ReadSpec], Frozen] = Field(min_length=1)

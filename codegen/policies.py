@@ -324,7 +324,8 @@ class _Ctx:
 
     def value(self, name: str, raw: Any, path: KeyPath) -> Value | None:
         field_spec = self.fields[name]
-        if isinstance(raw, dict):
+        if isinstance(raw, Mapping):  # a table (a field's default arrives frozen)
+            raw = dict(raw)
             if "expr" in raw:
                 rule = validate(ExprRule, raw, self.source, path, self.problems)
                 if rule is None:

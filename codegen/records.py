@@ -20,56 +20,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, TypeVar
+from typing import Any
 
 from . import rules
 from .errors import KeyPath, SpecProblem, problem
+from .frozen import FrozenMap, frozen
 from .models import CheckSpec, FieldSpec, HardwareSpec, ModelSpec, ModuleSpec, SelectorSpec, VendorSpec
 from .source import locate
 
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class FrozenMap(Mapping[K, V]):
-    """An immutable, hashable mapping that keeps its insertion order."""
-
-    __slots__ = ("_items", "_dict")
-
-    def __init__(self, items: Mapping[K, V] | Any = ()):
-        pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)
-        object.__setattr__(self, "_items", pairs)
-        object.__setattr__(self, "_dict", dict(pairs))
-
-    def __getitem__(self, key: K) -> V:
-        return self._dict[key]
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._dict)
-
-    def __len__(self) -> int:
-        return len(self._dict)
-
-    def __hash__(self) -> int:
-        return hash(self._items)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Mapping) and dict(self._dict) == dict(other)
-
-    def __repr__(self) -> str:
-        return f"FrozenMap({self._dict!r})"
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("FrozenMap is immutable")
-
-
-def frozen(value: Any) -> Any:
-    """A deep-frozen copy of parsed TOML data: dicts become FrozenMaps, lists tuples."""
-    if isinstance(value, Mapping):
-        return FrozenMap((k, frozen(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return tuple(frozen(v) for v in value)
-    return value
+__all__ = ["FrozenMap", "frozen"]  # re-exported: the stages build records with them
 
 
 # ---------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import black
 import jinja2
 
 from . import context as ctx
-from .errors import SpecErrors, SpecProblem, problem
+from .errors import SpecErrors, SpecProblem
 from .records import Module as DeclaredModule
 from .records import Resolution
 

@@ -445,3 +445,46 @@ def test_a_field_no_policy_in_the_chain_sets_is_an_error_naming_the_target(tmp_p
         resolve.resolve(load.load(tmp_path))
     text = str(exc.value)
     assert "policy nvidia>=80 on target h" in text and "no value for field(s) stages of C" in text
+
+
+def test_the_records_between_stages_are_frozen_all_the_way_down():
+    """Every record the load and resolve stages pass on holds only immutable values: frozen
+    dataclasses, frozen pydantic specs, tuples, FrozenMaps, scalars (a rule's parsed syntax tree
+    aside, which the rule module owns and never changes)."""
+    import ast
+    import dataclasses
+
+    from pydantic import BaseModel
+
+    from codegen import pipeline
+    from codegen.records import FrozenMap
+
+    from conftest import REPO
+
+    res = pipeline.run(REPO, until="tree_to_resolution")
+    seen: set[int] = set()
+
+    def walk(value, where):
+        if id(value) in seen or isinstance(value, (str, int, float, bool, type(None), Path, ast.AST)):
+            return
+        seen.add(id(value))
+        assert not isinstance(value, (dict, list, set, bytearray)), where
+        if dataclasses.is_dataclass(value):
+            assert type(value).__dataclass_params__.frozen, where
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name), f"{where}.{f.name}")
+        elif isinstance(value, BaseModel):
+            assert value.model_config.get("frozen"), where
+            for name in type(value).model_fields:
+                walk(getattr(value, name), f"{where}.{name}")
+        elif isinstance(value, FrozenMap):
+            for k, v in value.items():
+                walk(v, f"{where}[{k!r}]")
+        elif isinstance(value, (tuple, frozenset)):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        else:
+            raise AssertionError(f"{where}: unexpected {type(value).__name__}")
+
+    walk(res, "resolution")
+    assert len(seen) > 1000
