@@ -1,18 +1,8 @@
-"""Command line: ``python -m codegen {build,check,show}``.
-
-Exit codes (as black documents its own):
-
-    0  success; for ``check``, generated/ is current
-    1  ``check`` only: generated/ is stale (a diff per changed file, the
-       missing and extra files, and the fix are printed)
-    2  invalid specs or usage; one message per problem, no traceback, and
-       generated/ untouched.  Also: a spec file or generated/ cannot be read,
-       or generated/ cannot be written (one line naming the path and the
-       reason; build puts back what it had changed)
-    3  internal error (a bug in codegen or a template): traceback printed
+"""Command line: ``python -m codegen {build,check,show,explain,schema}``.
 
 ``build`` renders everything in memory first and writes only files whose
 bytes changed, all or nothing (see ``write.apply``); ``check`` writes nothing.
+The exit codes are in ``EPILOG`` (what ``--help`` prints).
 """
 
 from __future__ import annotations
@@ -34,14 +24,34 @@ OUT_DIR = "generated"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
-def default_root() -> Path:
+DESCRIPTION = "Compile TOML specs of GPU targets and kernel policies into generated/ (Python and Triton)."
+EPILOG = """exit codes:
+  0  success; for check, generated/ (and schemas/) is current
+  1  check only: stale (a diff per changed file, the missing and extra files, and the fix are printed)
+  2  invalid specs or usage: one message per problem (file:line: key path: rule (got value)), no
+     traceback, and nothing written; also a spec file or generated/ that cannot be read or written,
+     or another build holding the tree's lock
+  3  internal error (a bug in codegen or a template): traceback printed
+
+Without --root, the root is the current directory if it holds specs/, else this checkout's
+(when codegen runs from one); the commands say which they used."""
+
+
+def default_root() -> tuple[Path, str]:
+    """The root to use without --root, and why (said on stderr)."""
     cwd = Path.cwd()
-    return cwd if (cwd / "specs").is_dir() else PACKAGE_ROOT
+    if (cwd / "specs").is_dir():
+        return cwd, "the current directory holds specs/"
+    if (PACKAGE_ROOT / "specs").is_dir():
+        return PACKAGE_ROOT, "codegen's own checkout (the current directory holds no specs/)"
+    return cwd, "the current directory (it holds no specs/; pass --root)"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="codegen", description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", type=Path, default=None, help="project root holding specs/ and generated/")
+    p = argparse.ArgumentParser(
+        prog="codegen", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--root", type=Path, default=None, help="project root holding specs/ (and templates/, generated/)")
     sub = p.add_subparsers(dest="command", required=True, metavar="{build,check,show}")
     sub.add_parser("build", help="write generated/ from specs/ (only files whose bytes change)")
     sub.add_parser("check", help="exit 1 with a diff if generated/ is not what build would write")
@@ -58,7 +68,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         args = parser().parse_args(argv)
     except SystemExit as exc:  # argparse: usage errors exit 2, --help exits 0
         return int(exc.code or 0)
-    root = (args.root or default_root()).resolve()
+    if args.root is None:
+        found, why = default_root()
+        root = found.resolve()
+        print(f"codegen: root {root} ({why})", file=err)
+    else:
+        root = args.root.resolve()
     try:
         if args.command == "show":
             return _show(pipeline.run(root, until="tree_to_resolution"), args.kernel, args.hw, out, err)
@@ -82,8 +97,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
 
 
 def _build(rendered: Rendered, root: Path, out: TextIO) -> int:
-    plan = write.plan(rendered, root / OUT_DIR)
-    write.apply(plan)
+    with write.build_lock(root / OUT_DIR):
+        plan = write.plan(rendered, root / OUT_DIR)
+        write.apply(plan)
     for change in plan.changes:
         verb = {"create": "created", "update": "updated", "delete": "deleted stale"}[change.kind]
         print(f"{verb} {OUT_DIR}/{change.path}", file=out)

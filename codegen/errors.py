@@ -32,6 +32,9 @@ def format_value(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return repr(value)
     if isinstance(value, int):
+        if value.bit_length() > 332:  # past 100 digits (and Python refuses past 4,300): its size only
+            digits = int(value.bit_length() * 0.30103) + 1
+            return f"{'-' if value < 0 else ''}an integer of about {digits:,} digits"
         return f"{value:,}"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

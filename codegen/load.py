@@ -38,7 +38,7 @@ from .models import (
 )
 from .policies import NAME_RE, load_policies
 from .records import Check, Config, FrozenMap, Hardware, Model, Module, Project, Source, SpecTree, Vendor, frozen
-from .source import is_dir, listdir, non_finite, read_text, toml_error_line
+from .source import is_dir, listdir, non_finite, out_of_range, read_text, regular_file_problem, toml_error_line
 
 SPEC_DIRS = ("vendors", "hardware", "models", "kernels", "modules")
 # Folders a spec tree may leave out: without modules/, only the dispatch module is generated.
@@ -81,7 +81,11 @@ def load(root: Path) -> SpecTree:
             continue
         for path in listdir(folder, f"specs/{kind}", problems) or ():
             rel = f"specs/{kind}/{path.name}"
-            if path.name.startswith(".") or is_dir(path, rel, problems):
+            if path.name.startswith("."):
+                continue  # editors' and builds' hidden files
+            not_regular = regular_file_problem(path)
+            if not_regular is not None:
+                problems.append(problem(rel, (), not_regular))
                 continue
             if path.suffix != ".toml":
                 problems.append(problem(rel, (), "spec files must end in .toml"))
@@ -99,13 +103,20 @@ def load(root: Path) -> SpecTree:
                 line = toml_error_line(str(exc))
                 problems.append(problem(rel, (), f"malformed TOML: {exc}", line=line))
                 continue
+            except ValueError as exc:  # e.g. an integer literal of more than 4,300 digits
+                problems.append(problem(rel, (), f"cannot read the TOML: {exc}"))
+                continue
             for keypath, value in non_finite(data, ()):
                 problems.append(
                     source.problem(
                         keypath, "nan and inf are not allowed: generated Python cannot spell them", value=value
                     )
                 )
-            raw[kind].append((path.stem, source, data))
+            wide = list(out_of_range(data, ()))
+            for keypath, value in wide:
+                problems.append(source.problem(keypath, "integers are 64-bit in TOML (-2**63 to 2**63 - 1)", value=value))
+            if not wide:
+                raw[kind].append((path.stem, source, data))
 
     project = _load_project(spec_root, problems)
     vendors = _load_simple(VendorSpec, Vendor, raw["vendors"], problems)
@@ -212,6 +223,9 @@ def _load_project(spec_root: Path, problems: list[SpecProblem]) -> Project | Non
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         problems.append(problem(rel, (), f"malformed TOML: {exc}", line=toml_error_line(str(exc))))
+        return None
+    except ValueError as exc:
+        problems.append(problem(rel, (), f"cannot read the TOML: {exc}"))
         return None
     spec = validate(ProjectSpec, data, source, (), problems)
     return None if spec is None else Project(spec.default_target, spec.default_model, source)

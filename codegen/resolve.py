@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
+import string
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -229,6 +231,8 @@ def _type_error(name: str, ftype: str, choices: tuple | None, value: Any) -> str
     }[ftype]
     if not ok:
         return f"rule for '{name}' gave a {type(value).__name__}; the field is {ftype}"
+    if type(value) is int and not -(2**63) <= value < 2**63:
+        return f"rule for '{name}' gave an integer outside 64 bits; generated code carries 64-bit values"
     if type(value) is float and not math.isfinite(value):
         return f"rule for '{name}' gave {value!r}; a field's value must be finite (generated Python cannot spell it)"
     if choices is not None and value not in choices:
@@ -267,10 +271,33 @@ def _format_message(template: str, scope: "_Scope") -> str:
                 return _Namespace(scope.model.namespace)
             return scope.get(key)
 
+    wide = _wide_format_spec(template)
+    if wide is not None:
+        return f"{template} [message not formatted: the format spec {wide!r} asks for more than {_MAX_WIDTH} characters]"
     try:
-        return template.format_map(Lookup())
+        text = template.format_map(Lookup())
     except (KeyError, AttributeError, ValueError, IndexError, rules.RuleError) as exc:
         return f"{template} [message could not be formatted: {exc}]"
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+# A check message is one line of a report: no field of it wider than _MAX_WIDTH, at most
+# _MAX_MESSAGE characters in all (a width such as {x:>999999999} would take gigabytes).
+_MAX_WIDTH = 200
+_MAX_MESSAGE = 2000
+
+
+def _wide_format_spec(template: str) -> str | None:
+    """A format spec in ``template`` whose width or precision exceeds _MAX_WIDTH, or None."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError:
+        return None  # format_map reports it
+    for _, _, spec, _ in parsed:
+        for number in re.findall(r"\d+", spec or ""):
+            if int(number[:6]) > _MAX_WIDTH or len(number) > 6:
+                return spec
+    return None
 
 
 class _Scope:

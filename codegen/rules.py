@@ -63,6 +63,10 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
 # The most bits an integer power may have.  Spec numbers are sizes and counts; a larger
 # power (2 ** 10 ** 10) is a typo that would take the build minutes and gigabytes.
 MAX_POW_BITS = 256
+# Bounds on every intermediate value, so that no rule can take unbounded time or memory: an
+# integer of at most MAX_INT_BITS bits, a string of at most MAX_STR_LEN characters.
+MAX_INT_BITS = 2 * MAX_POW_BITS
+MAX_STR_LEN = 1000
 
 
 def _pow(base: Any, exp: Any) -> Any:
@@ -217,6 +221,18 @@ def evaluate(expr: Expr, env: Env) -> Any:
 
 
 def _eval(node: ast.AST, env: Env) -> Any:
+    return _bounded(_eval_node(node, env), node)
+
+
+def _bounded(value: Any, node: ast.AST) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
+        raise RuleError(f"'{ast.unparse(node)}' gives an integer of more than {MAX_INT_BITS} bits")
+    if isinstance(value, str) and len(value) > MAX_STR_LEN:
+        raise RuleError(f"'{ast.unparse(node)}' gives a string of more than {MAX_STR_LEN:,} characters")
+    return value
+
+
+def _eval_node(node: ast.AST, env: Env) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):

@@ -8,8 +8,11 @@ cannot spell (nan, inf) is found here too.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,41 @@ def is_dir(path: Path, rel: str, problems: list[SpecProblem]) -> bool:
     except OSError as exc:  # e.g. a folder above it cannot be searched
         problems.append(problem(rel, (), f"cannot read: {os_reason(exc)}"))
         return False
+
+
+def regular_file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a spec file that can be read (a directory, a FIFO, a socket, a link
+    to one of those or to nothing), or None for a regular file or a link to one.  Checked before
+    reading: opening a FIFO would block the build."""
+    try:
+        mode = os.lstat(path).st_mode
+        link = stat.S_ISLNK(mode)
+        if link:
+            mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a link to nothing (its target does not exist); spec files must be regular files"
+    except OSError as exc:
+        return f"cannot read: {os_reason(exc)}"
+    if stat.S_ISREG(mode):
+        return None
+    what = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+    return f"{'a link to ' if link else ''}{what}; spec folders hold only .toml spec files"
+
+
+# TOML integers are 64-bit; Python's reader takes any size, and generated code would carry it.
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def out_of_range(data: Any, keypath: KeyPath):
+    """(key path, value) of every integer outside TOML's 64-bit range in parsed TOML."""
+    if isinstance(data, int) and not isinstance(data, bool) and not INT64[0] <= data <= INT64[1]:
+        yield keypath, data
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield from out_of_range(value, keypath + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from out_of_range(value, keypath + (i,))
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -103,13 +141,22 @@ def _split_key(text: str) -> list[str]:
 
 
 def locate(text: str, keypath: KeyPath) -> int | None:
-    """Best-effort 1-based line of ``keypath`` in TOML ``text``.
+    """Best-effort 1-based line of ``keypath`` in TOML ``text``: the line of the longest prefix
+    of ``keypath`` found; None rather than a guess.  The file is scanned once (``key_lines``),
+    so reporting many problems in one file costs one scan, not one per problem."""
+    locations = key_lines(text)
+    for n in range(len(keypath), 0, -1):
+        found = locations.get(tuple(keypath[:n]))
+        if found is not None:
+            return found
+    return None
 
-    Tracks table headers, arrays of tables (with their indices) and ``key =``
-    lines; returns the line of the longest prefix of ``keypath`` found.
-    Multi-line strings are skipped.  Good enough for the subset of TOML the
-    specs use; returns None rather than guess.
-    """
+
+@functools.lru_cache(maxsize=64)
+def key_lines(text: str) -> dict[tuple, int]:
+    """Key path -> 1-based line, for every table header, array-of-tables element (with its
+    index) and ``key =`` line of TOML ``text``.  Multi-line strings are skipped.  Good enough
+    for the subset of TOML the specs use.  (Cached by text: callers must not change the dict.)"""
     locations: dict[tuple, int] = {}
     counters: dict[tuple, int] = {}
     current: tuple = ()
@@ -148,8 +195,4 @@ def locate(text: str, keypath: KeyPath) -> int | None:
             for quote in ('"""', "'''"):
                 if rest.count(quote) % 2 == 1:
                     in_multiline = quote
-    for n in range(len(keypath), 0, -1):
-        found = locations.get(tuple(keypath[:n]))
-        if found is not None:
-            return found
-    return None
+    return locations

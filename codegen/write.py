@@ -20,12 +20,19 @@ ignores them and ``apply`` removes them.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; builds there are not serialized
+    fcntl = None  # type: ignore[assignment]
 
 from .errors import os_reason
 from .render import Rendered, is_generated
@@ -36,6 +43,35 @@ TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
 
 class OutputError(Exception):
     """generated/ could not be read or written; the message names the path and the reason."""
+
+
+# Beside generated/: held (an advisory lock, released by the OS when the process ends, even when
+# it is killed) while a build plans and writes, so that two builds of one tree never interleave.
+LOCK_NAME = ".codegen.lock"
+
+
+@contextlib.contextmanager
+def build_lock(out_dir: Path) -> Iterator[None]:
+    """Hold the tree's build lock, or raise OutputError at once if another build holds it."""
+    if fcntl is None:
+        yield
+        return
+    path = out_dir.parent / LOCK_NAME
+    try:
+        handle = open(path, "a+b")
+    except OSError as exc:
+        raise OutputError(f"cannot open the build lock {path}: {os_reason(exc)}") from None
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(
+                f"another codegen build of this tree is running (it holds {path}); wait for it and build again"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
