@@ -13,10 +13,13 @@ import traceback
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from . import pipeline, write
+from dataclasses import dataclass
+from typing import Callable
+
+from . import pipeline, render, schema, write
 from .errors import SpecErrors
-from .render import Rendered
 from .records import Resolution
+from .render import Rendered, is_generated
 
 EXIT_OK, EXIT_STALE, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_IO = EXIT_INVALID  # generated/ (or a spec file) cannot be read or written
@@ -52,9 +55,10 @@ def parser() -> argparse.ArgumentParser:
         prog="codegen", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--root", type=Path, default=None, help="project root holding specs/ (and templates/, generated/)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{build,check,show}")
-    sub.add_parser("build", help="write generated/ from specs/ (only files whose bytes change)")
-    sub.add_parser("check", help="exit 1 with a diff if generated/ is not what build would write")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{build,check,show,schema}")
+    sub.add_parser("build", help="write generated/ and schemas/ from specs/ (only files whose bytes change)")
+    sub.add_parser("check", help="exit 1 with a diff if generated/ or schemas/ is not what build would write")
+    sub.add_parser("schema", help="write only schemas/: the JSON Schemas of the spec files, for editors")
     show = sub.add_parser("show", help="table of resolved policies per target and collapse groups")
     show.add_argument("kernel", nargs="?", help="a config or variant name (default: all)")
     show.add_argument("--hw", help="only this hardware spec name")
@@ -75,12 +79,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     else:
         root = args.root.resolve()
     try:
+        res = pipeline.run(root, until="tree_to_resolution")
         if args.command == "show":
-            return _show(pipeline.run(root, until="tree_to_resolution"), args.kernel, args.hw, out, err)
-        rendered = pipeline.run(root)
-        if args.command == "build":
-            return _build(rendered, root, out)
-        return _check(rendered, root, out)
+            return _show(res, args.kernel, args.hw, out, err)
+        outs = outputs(res, args.command)
+        if args.command in ("build", "schema"):
+            return _build(outs, root, out)
+        return _check(outs, root, out)
     except SpecErrors as exc:
         n = len(exc.problems)
         print(f"codegen: {n} problem{'s' if n != 1 else ''} in the specs; generated/ was not changed:", file=err)
@@ -96,38 +101,60 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return EXIT_INTERNAL
 
 
-def _build(rendered: Rendered, root: Path, out: TextIO) -> int:
+@dataclass(frozen=True)
+class Output:
+    """One folder the compiler writes: its name under the root, its files, its marker test."""
+
+    folder: str
+    rendered: Rendered
+    is_ours: Callable[[str], bool]
+
+
+def outputs(res: Resolution, command: str) -> list[Output]:
+    """What ``command`` writes or checks: generated/ and schemas/ (``schema``: schemas/ only)."""
+    out = [Output(schema.SCHEMA_DIR, schema.rendered(res.tree), schema.is_schema)]
+    if command != "schema":
+        out.insert(0, Output(OUT_DIR, render.render(res), is_generated))
+    return out
+
+
+def _build(outs: list[Output], root: Path, out: TextIO) -> int:
     with write.build_lock(root / OUT_DIR):
-        plan = write.plan(rendered, root / OUT_DIR)
-        write.apply(plan)
-    for change in plan.changes:
-        verb = {"create": "created", "update": "updated", "delete": "deleted stale"}[change.kind]
-        print(f"{verb} {OUT_DIR}/{change.path}", file=out)
-    for rel in plan.foreign:
-        print(f"left alone {OUT_DIR}/{rel} (no 'Code generated' marker)", file=out)
-    for rel in plan.leftovers:
-        print(f"removed leftover temporary file {OUT_DIR}/{rel}", file=out)
-    if not plan.changes:
-        print(f"{OUT_DIR}/ is up to date ({len(plan.unchanged)} files)", file=out)
+        plans = [(o, write.plan(o.rendered, root / o.folder, o.is_ours)) for o in outs]
+        for _, plan in plans:
+            write.apply(plan)
+    for o, plan in plans:
+        for change in plan.changes:
+            verb = {"create": "created", "update": "updated", "delete": "deleted stale"}[change.kind]
+            print(f"{verb} {o.folder}/{change.path}", file=out)
+        for rel in plan.foreign:
+            print(f"left alone {o.folder}/{rel} (no 'Code generated' marker)", file=out)
+        for rel in plan.leftovers:
+            print(f"removed leftover temporary file {o.folder}/{rel}", file=out)
+        if not plan.changes:
+            print(f"{o.folder}/ is up to date ({len(plan.unchanged)} files)", file=out)
     return EXIT_OK
 
 
-def _check(rendered: Rendered, root: Path, out: TextIO) -> int:
-    plan = write.plan(rendered, root / OUT_DIR)
-    if not plan.stale:
-        print(f"{OUT_DIR}/ is up to date ({len(plan.unchanged)} files)", file=out)
-        return EXIT_OK
-    for change in plan.changes:
-        if change.kind == "create":
-            print(f"missing: {OUT_DIR}/{change.path}", file=out)
-        elif change.kind == "delete":
-            print(f"extra (orphan, carries the marker): {OUT_DIR}/{change.path}", file=out)
-        else:
-            print(f"stale: {OUT_DIR}/{change.path}", file=out)
-        out.write(write.diff(change, OUT_DIR))
-    n = len(plan.changes)
-    print(f"{OUT_DIR}/ is stale ({n} file{'s' if n != 1 else ''}); run `python -m codegen build` to update", file=out)
-    return EXIT_STALE
+def _check(outs: list[Output], root: Path, out: TextIO) -> int:
+    stale = 0
+    for o in outs:
+        plan = write.plan(o.rendered, root / o.folder, o.is_ours)
+        if not plan.stale:
+            print(f"{o.folder}/ is up to date ({len(plan.unchanged)} files)", file=out)
+            continue
+        for change in plan.changes:
+            if change.kind == "create":
+                print(f"missing: {o.folder}/{change.path}", file=out)
+            elif change.kind == "delete":
+                print(f"extra (orphan, carries the marker): {o.folder}/{change.path}", file=out)
+            else:
+                print(f"stale: {o.folder}/{change.path}", file=out)
+            out.write(write.diff(change, o.folder))
+        n = len(plan.changes)
+        stale += n
+        print(f"{o.folder}/ is stale ({n} file{'s' if n != 1 else ''}); run `python -m codegen build` to update", file=out)
+    return EXIT_STALE if stale else EXIT_OK
 
 
 # ---------------------------------------------------------------------------

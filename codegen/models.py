@@ -478,7 +478,7 @@ class ConfigSpec(Spec):
 
 
 # Keys of a policy table that are not record fields.
-POLICY_KEYS = ("vendor", "min_arch", "max_arch", "targets", "note", "bucket")
+POLICY_KEYS = ("vendor", "min_arch", "max_arch", "targets", "note", "tuned", "bucket")
 # Keys of a bucket table that are not record fields: a name and bounds.
 BUCKET_KEYS = ("name", "note")
 BOUND_RE = re.compile(r"^([a-z])_(min|max)$")

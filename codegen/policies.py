@@ -187,6 +187,9 @@ class _Ctx:
         max_arch = raw.get("max_arch")
         targets = raw.get("targets")
         note = raw.get("note", "")
+        tuned = raw.get("tuned", True)
+        if type(tuned) is not bool:
+            self.problem(path + ("tuned",), "must be true or false", value=tuned)
         if base:
             for key in ("vendor", "min_arch", "max_arch", "targets"):
                 if key in raw:
@@ -239,6 +242,7 @@ class _Ctx:
             values=FrozenMap(own),
             buckets=None,
             keypath=path,
+            tuned=tuned is True,
         )
         return _Raw(policy, own, buckets)
 

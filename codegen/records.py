@@ -186,6 +186,9 @@ class Policy:
     keypath: KeyPath
     # The policy it chains from (its values are the defaults of this one's); None for the base.
     parent: str | None = None
+    # False where the values were not measured on the parts it serves (``tuned = false``; a
+    # policy's own key, not inherited): build and show name the targets such policies serve.
+    tuned: bool = True
 
     @property
     def label(self) -> str:

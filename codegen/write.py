@@ -27,7 +27,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 try:
     import fcntl
@@ -141,7 +141,9 @@ def _read(path: Path, out_dir: Path, rel: str) -> bytes:
         raise OutputError(f"cannot read {_show(out_dir, rel)}: {os_reason(exc)}") from None
 
 
-def plan(rendered: Rendered, out_dir: Path) -> Plan:
+def plan(rendered: Rendered, out_dir: Path, is_ours: Callable[[str], bool] = is_generated) -> Plan:
+    """What writing ``rendered`` into ``out_dir`` would change.  A file there that ``rendered``
+    lacks is deleted only if ``is_ours`` says it carries the output's marker."""
     existing = _existing(out_dir)
     changes = []
     unchanged = []
@@ -161,7 +163,7 @@ def plan(rendered: Rendered, out_dir: Path) -> Plan:
         if rel in rendered.files:
             continue
         old = _read(path, out_dir, rel)
-        if is_generated(old.decode("utf-8", errors="replace")):
+        if is_ours(old.decode("utf-8", errors="replace")):
             changes.append(Change(rel, "delete", old, None))
         else:
             foreign.append(rel)

@@ -42,10 +42,11 @@ def run_cli(*argv: str) -> CliResult:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A copy of the real project's specs/ and committed generated/ in a temporary root."""
+    """A copy of the real project's specs/ and committed generated/ and schemas/ in a temporary root."""
     root = tmp_path / "proj"
     root.mkdir()
     shutil.copytree(REPO / "specs", root / "specs")
+    shutil.copytree(REPO / "schemas", root / "schemas")
     shutil.copytree(REPO / "generated", root / "generated", ignore=shutil.ignore_patterns("__pycache__"))
     return root
 

@@ -336,7 +336,7 @@ def test_seed_matmul_config_does_not_fit_gb10(project):
     assert result.code == 2
     assert "Traceback" not in result.err
     line = next(l for l in result.err.splitlines() if "target gb10" in l and "matmul_16bit" in l)
-    assert "specs/kernels/matmul.toml:" in line and "matmul.policy[3].bucket[0]" in line
+    assert "specs/kernels/matmul.toml:" in line and "matmul.policy[4].bucket[0]" in line
     assert "policy nvidia>=120 on target gb10 (nvidia 121, specs/hardware/gb10.toml), bucket mlp_up" in line
     assert "3 stages of 128x64 A and 64x256 B tiles need 147,456 B of shared memory per block" in line
     assert "gb10 allows 101,376 B" in line
@@ -438,7 +438,7 @@ def test_a_missing_config_is_an_error_naming_the_file_that_should_define_it(proj
         assert result.code == 2 and "Traceback" not in result.err, result
         assert "1 problem" in result.err
         assert (
-            "specs/modules/cache.toml:6: reads.cache_launch: config is missing: generated/cache.py reads it "
+            "specs/modules/cache.toml:7: reads.cache_launch: config is missing: generated/cache.py reads it "
             "(variants reshape_and_cache, copy_blocks); define [cache_launch] in a file under specs/kernels/"
         ) in result.err
     for path in (project / "specs/kernels").glob("*.toml"):
