@@ -8,6 +8,7 @@ The exit codes are in ``EPILOG`` (what ``--help`` prints).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Sequence, TextIO
 from dataclasses import dataclass
 from typing import Callable
 
-from . import pipeline, render, schema, write
+from . import explain, pipeline, render, schema, write
 from .errors import SpecErrors
 from .records import Resolution
 from .render import Rendered, is_generated
@@ -55,13 +56,21 @@ def parser() -> argparse.ArgumentParser:
         prog="codegen", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--root", type=Path, default=None, help="project root holding specs/ (and templates/, generated/)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{build,check,show,schema}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{build,check,show,explain,schema}")
     sub.add_parser("build", help="write generated/ and schemas/ from specs/ (only files whose bytes change)")
     sub.add_parser("check", help="exit 1 with a diff if generated/ or schemas/ is not what build would write")
     sub.add_parser("schema", help="write only schemas/: the JSON Schemas of the spec files, for editors")
     show = sub.add_parser("show", help="table of resolved policies per target and collapse groups")
     show.add_argument("kernel", nargs="?", help="a config or variant name (default: all)")
     show.add_argument("--hw", help="only this hardware spec name")
+    show.add_argument("--json", action="store_true", help="the resolved tree as JSON (every config, variant, model, target)")
+    explain = sub.add_parser(
+        "explain", help="why a field of a config has its value on a target: policy chain, rule, candidates, checks"
+    )
+    explain.add_argument("config", help="a config, variant or alias name")
+    explain.add_argument("field", help="a field of its record")
+    explain.add_argument("--hw", required=True, help="hardware spec name")
+    explain.add_argument("--model", help="model spec name (default: the tree's default model)")
     return p
 
 
@@ -81,10 +90,28 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     try:
         res = pipeline.run(root, until="tree_to_resolution")
         if args.command == "show":
-            return _show(res, args.kernel, args.hw, out, err)
+            if args.json:
+                json.dump(explain.as_json(res), out, indent=2, sort_keys=True)
+                out.write("\n")
+                return EXIT_OK
+            code = _show(res, args.kernel, args.hw, out, err)
+            if code == EXIT_OK and args.kernel is None:
+                _unmeasured(res, out)
+            return code
+        if args.command == "explain":
+            try:
+                lines = explain.explain(res, args.config, args.field, args.hw, args.model)
+            except ValueError as exc:
+                print(f"codegen explain: {exc}", file=err)
+                return EXIT_INVALID
+            out.write("\n".join(lines) + "\n")
+            return EXIT_OK
         outs = outputs(res, args.command)
         if args.command in ("build", "schema"):
-            return _build(outs, root, out)
+            code = _build(outs, root, out)
+            if args.command == "build":
+                _unmeasured(res, out)
+            return code
         return _check(outs, root, out)
     except SpecErrors as exc:
         n = len(exc.problems)
@@ -116,6 +143,12 @@ def outputs(res: Resolution, command: str) -> list[Output]:
     if command != "schema":
         out.insert(0, Output(OUT_DIR, render.render(res), is_generated))
     return out
+
+
+def _unmeasured(res: Resolution, out: TextIO) -> None:
+    """One line per config naming the targets no measured policy serves (base, tuned = false)."""
+    for line in explain.unmeasured(res):
+        print(line, file=out)
 
 
 def _build(outs: list[Output], root: Path, out: TextIO) -> int:

@@ -68,19 +68,91 @@ def resolve(tree: SpecTree) -> Resolution:
         for variant in sorted(cfg.variants):
             for model in cfg.models or (None,):
                 params = cfg.variants[variant]
-                problems: list[SpecProblem] = []
+                problems: list = []  # SpecProblems and _CheckFailures
                 resolved: dict[str, Resolved] = {}
                 scope = _model_scope(tree, model)
                 for hw in tree.hardware:
                     r = _resolve_one(cfg, params, hw, hw_ns[hw.name], scope, problems)
                     if r is not None:
                         resolved[hw.name] = r
-                found += [(p, cfg, variant) for p in problems]
+                found += [(p, cfg, variant) for p in _merge_targets(cfg, problems)]
                 if not problems:
                     out.append(_collapse(cfg, variant, model, params, resolved, tree))
     if found:
         raise SpecErrors(_merge_variants(found))
     return Resolution(tree=tree, variants=tuple(out))
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a record is resolved, for messages: policy, target, model, bucket."""
+
+    policy: str
+    hw: Hardware
+    model: str  # "" without a model
+    bucket: str | None
+
+    def target(self) -> str:
+        return f"{self.hw.name} ({self.hw.spec.vendor} {self.hw.spec.arch}, {self.hw.source.path})"
+
+    def rest(self) -> str:
+        out = f" for {self.model}" if self.model else ""
+        return out + (f", bucket {self.bucket}" if self.bucket else "")
+
+    def __str__(self) -> str:
+        return f"policy {self.policy} on target {self.target()}{self.rest()}"
+
+
+@dataclass(frozen=True)
+class _CheckFailure:
+    """A check a record failed; failures of one check at one spec line on several targets are
+    reported as one problem listing the targets (``_merge_targets``)."""
+
+    keypath: tuple
+    where: _Where
+    check: str
+    message: str
+
+
+def _merge_targets(cfg: Config, problems: list) -> list[SpecProblem]:
+    """Problems as found, with the check failures of one check, policy, model and bucket on
+    several targets merged into one line that lists the targets (their messages, where they
+    differ other than by the target's name)."""
+    groups: dict[tuple, list[_CheckFailure]] = {}
+    out: list[Any] = []
+    for p in problems:
+        if isinstance(p, _CheckFailure):
+            key = (p.keypath, p.where.policy, p.where.rest(), p.check)
+            if key not in groups:
+                groups[key] = []
+                out.append(key)
+            groups[key].append(p)
+        else:
+            out.append(p)
+    merged = []
+    for item in out:
+        if isinstance(item, SpecProblem):
+            merged.append(item)
+            continue
+        failures = groups[item]
+        first = failures[0]
+        if len(failures) == 1:
+            merged.append(cfg.source.problem(first.keypath, f"{first.where}: fails check '{first.check}': {first.message}"))
+            continue
+        targets = ", ".join(f.where.target() for f in failures)
+        texts = {f.message.replace(f.where.hw.name, "{target}") for f in failures}
+        if len(texts) == 1:
+            detail = first.message + (f" (likewise on {', '.join(f.where.hw.name for f in failures[1:])})")
+        else:
+            detail = "; ".join(f"{f.where.hw.name}: {f.message}" for f in failures)
+        merged.append(
+            cfg.source.problem(
+                first.keypath,
+                f"policy {first.where.policy} on {len(failures)} targets {targets}{first.where.rest()}: "
+                f"fails check '{first.check}': {detail}",
+            )
+        )
+    return merged
 
 
 @dataclass(frozen=True)
@@ -159,9 +231,7 @@ def _resolve_one(
         )
         return None
 
-    context = f"policy {policy.label} on target {hw.name} ({hw.spec.vendor} {hw.spec.arch}, {hw.source.path})"
-    if model.name is not None:
-        context += f" for {model.label}"
+    context = _Where(policy.label, hw, model.label if model.name is not None else "", None)
     if policy.buckets is None:
         record = _evaluate(cfg, policy.values, params, hw_ns, model, policy.keypath, context, problems)
         return None if record is None else Resolved(hw.name, policy, record, None)
@@ -169,7 +239,7 @@ def _resolve_one(
     ok = True
     for bucket in policy.buckets:
         record = _evaluate(
-            cfg, bucket.values, params, hw_ns, model, bucket.keypath, f"{context}, bucket {bucket.name}", problems
+            cfg, bucket.values, params, hw_ns, model, bucket.keypath, replace(context, bucket=bucket.name), problems
         )
         if record is None:
             ok = False
@@ -185,8 +255,8 @@ def _evaluate(
     hw_ns: Mapping[str, Any],
     model: _ModelScope,
     keypath: tuple,
-    context: str,
-    problems: list[SpecProblem],
+    context: "_Where",
+    problems: list,
 ) -> Record | None:
     """Evaluate every field of one record, then run the config's checks on it."""
     missing = [f for f in cfg.fields if f not in values]
@@ -217,7 +287,7 @@ def _evaluate(
     for check in cfg.checks:
         msg = _run_check(check, scope)
         if msg:
-            problems.append(cfg.source.problem(keypath, f"{context}: fails check '{check.spec.name}': {msg}"))
+            problems.append(_CheckFailure(keypath, context, check.spec.name, msg))
             failed = True
     return None if failed else tuple(record)
 
@@ -248,11 +318,58 @@ def _run_check(check: Check, scope: "_Scope") -> str | None:
         if rules.evaluate(check.rule, env):
             return None
         detail = rules.explain_failure(check.rule, env)
+        hint = _fitting_value(check, scope)
+        hint = f"; {hint} would pass" if hint else ""
         if check.spec.message:
-            return f"{_format_message(check.spec.message, scope)} ({detail})"
-        return detail
+            return f"{_format_message(check.spec.message, scope)} ({detail}){hint}"
+        return detail + hint
     except rules.RuleError as exc:
         return str(exc)
+
+
+def _fitting_value(check: Check, scope: "_Scope") -> str | None:
+    """For a failed check: the largest smaller values of the int fields it reads (directly or
+    through derived values) with which the record would pass every check, one field changed at
+    a time; e.g. "block_k = 32, or num_stages = 2".  None where no such change passes."""
+    reads: list[str] = []
+    pending = sorted(check.rule.names)
+    while pending:
+        name = pending.pop(0)
+        if name in reads:
+            continue
+        reads.append(name)
+        if name in scope.cfg.derived:
+            pending += sorted(scope.cfg.derived[name].names)
+    found = []
+    for name, field in scope.cfg.fields.items():
+        if name not in reads or field.type != "int" or name in scope.fixed:
+            continue
+        value = scope.get(name)
+        for steps, candidate in enumerate(_smaller(value), start=1):
+            if _passes_all(scope.trying(name, candidate)):
+                found.append((steps, f"{name} = {candidate}"))
+                break
+    found.sort(key=lambda f: f[0])
+    return ", or ".join(text for _, text in found[:3]) or None
+
+
+def _smaller(value: int) -> list[int]:
+    """Values below ``value`` to try, largest first: every one below 17, then powers of two."""
+    out = [v for v in range(min(value - 1, 16), 0, -1)]
+    if value > 17:
+        out = [1 << b for b in range((value - 1).bit_length() - 1, 4, -1)] + out
+    return out[:24]
+
+
+def _passes_all(scope: "_Scope") -> bool:
+    env = scope.env()
+    try:
+        for check in scope.cfg.checks:
+            if (check.when is None or rules.evaluate(check.when, env)) and not rules.evaluate(check.rule, env):
+                return False
+    except rules.RuleError:
+        return False
+    return True
 
 
 class _Namespace:

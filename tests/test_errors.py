@@ -115,7 +115,7 @@ CASES = [
         [
             "specs/kernels/moe.toml:",
             "moe.base",
-            "policy base on target a10",
+            "policy base on 9 targets",
             "specs/hardware/a10.toml",
             "fails check 'A and B tiles fit shared memory'",
             "A+B tiles need 393,216 B; a10 allows 101,376 B",
@@ -335,14 +335,19 @@ def test_seed_matmul_config_does_not_fit_gb10(project):
     result = run_cli("--root", str(project), "build")
     assert result.code == 2
     assert "Traceback" not in result.err
-    line = next(l for l in result.err.splitlines() if "target gb10" in l and "matmul_16bit" in l)
+    # One line for both 99 KB targets of the policy (per variant), with what would fit.
+    line = next(l for l in result.err.splitlines() if "gb10 (nvidia 121" in l and "matmul_16bit" in l)
     assert "specs/kernels/matmul.toml:" in line and "matmul.policy[4].bucket[0]" in line
-    assert "policy nvidia>=120 on target gb10 (nvidia 121, specs/hardware/gb10.toml), bucket mlp_up" in line
+    assert (
+        "policy nvidia>=120 on 2 targets rtx5090 (nvidia 120, specs/hardware/rtx5090.toml), "
+        "gb10 (nvidia 121, specs/hardware/gb10.toml), bucket mlp_up"
+    ) in line
     assert "3 stages of 128x64 A and 64x256 B tiles need 147,456 B of shared memory per block" in line
-    assert "gb10 allows 101,376 B" in line
+    assert "rtx5090 allows 101,376 B" in line and "(likewise on gb10)" in line
     assert "fails check 'tiles fit shared memory'" in line
-    # The RTX 5090 (same 99 KB) fails too; Hopper parts are untouched by this policy.
-    assert "target rtx5090" in result.err and "target h200" not in result.err
+    assert "block_n = 128, or block_k = 32, or num_stages = 2 would pass" in line
+    # Hopper parts are untouched by this policy.
+    assert "h200" not in result.err and result.err.count("\n  ") == 2
     assert snapshot(project / "generated") == before
 
 
