@@ -64,6 +64,7 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("kernel", nargs="?", help="a config or variant name (default: all)")
     show.add_argument("--hw", help="only this hardware spec name")
     show.add_argument("--json", action="store_true", help="the resolved tree as JSON (every config, variant, model, target)")
+    show.add_argument("--sources", action="store_true", help="every hardware figure with the sources it cites")
     explain = sub.add_parser(
         "explain", help="why a field of a config has its value on a target: policy chain, rule, candidates, checks"
     )
@@ -93,6 +94,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             if args.json:
                 json.dump(explain.as_json(res), out, indent=2, sort_keys=True)
                 out.write("\n")
+                return EXIT_OK
+            if args.sources:
+                out.write("\n".join(explain.sources(res.tree, args.hw)) + "\n")
                 return EXIT_OK
             code = _show(res, args.kernel, args.hw, out, err)
             if code == EXIT_OK and args.kernel is None:

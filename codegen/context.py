@@ -96,11 +96,12 @@ def policy_origin(vr: VariantResolution, inst: Instantiation) -> str:
 def hardware_data(tree: SpecTree) -> list[dict[str, Any]]:
     out = []
     for hw in tree.hardware:
-        flat = hw.spec.model_dump()
-        flat.update(flat.pop("features"))
-        flat["name"] = hw.name
-        flat["device_names"] = tuple(flat["device_names"])
-        values = [(field, repr(flat[attr])) for attr, field, _, _ in HW_RECORD_FIELDS]
+        def value(attr: str) -> Any:
+            if attr == "name":
+                return hw.name
+            return getattr(hw.spec.features if attr in type(hw.spec.features).model_fields else hw.spec, attr)
+
+        values = [(field, repr(value(attr))) for attr, field, _, _ in HW_RECORD_FIELDS]
         out.append(
             {"name": hw.name, "source": hw.source.path, "vendor": hw.spec.vendor, "arch": hw.spec.arch, "values": values}
         )

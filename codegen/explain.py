@@ -201,3 +201,20 @@ def _variant_json(vr: VariantResolution) -> dict[str, Any]:
             ]
         out[target] = entry
     return out
+
+
+def sources(tree: Any, only: str | None = None) -> list[str]:
+    """``show --sources``: every target's figures with the sources they cite."""
+    lines = []
+    for hw in tree.hardware:
+        if only is not None and hw.name != only:
+            continue
+        lines.append(f"== {hw.name} ({hw.spec.display_name}, {hw.source.path}) ==")
+        for attr, text in hw.spec.cite.items():
+            value = getattr(hw.spec.features if attr in type(hw.spec.features).model_fields else hw.spec, attr)
+            keys = text.split()
+            shown = text if ":" in text.split(" ")[0] else ", ".join(f"[{k}]" for k in keys)
+            lines.append(f"  {attr} = {value!r}: {shown}")
+        lines.append("  sources:")
+        lines += [f"    [{key}] {citation}" for key, citation in hw.spec.sources.items()]
+    return lines

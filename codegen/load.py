@@ -27,9 +27,12 @@ from . import rules
 from .errors import KeyPath, SpecErrors, SpecProblem, problem, validate
 from .inherit import inherit
 from .models import (
+    CITE_REASONS,
+    HW_NUMBERS,
     HW_RULE_ATTRS,
     MODEL_RULE_ATTRS,
     ConfigSpec,
+    Features,
     HardwareSpec,
     ModelSpec,
     ModuleSpec,
@@ -193,6 +196,7 @@ def _load_hardware(entries, vendors: Mapping[str, Vendor], problems: list[SpecPr
                 )
             )
             continue
+        _check_citations(spec, source, problems)
         out.append(Hardware(name, spec, source))
     names_seen: dict[str, str] = {}
     for hw in out:
@@ -261,6 +265,46 @@ def _check_project(
             )
         )
     return Project(project.default_target, model, project.source)
+
+
+def _check_citations(spec: HardwareSpec, source: Source, problems: list[SpecProblem]) -> None:
+    """Every number of a hardware spec names its sources (keys of [sources]) or says how it was
+    measured or why it was inferred; every source is cited."""
+    used: set[str] = set()
+    for attr in HW_NUMBERS:
+        if getattr(spec, attr) is not None and attr not in spec.cite:
+            problems.append(
+                source.problem(
+                    ("cite",),
+                    f"'{attr}' is not cited: add {attr} = \"<source keys>\" (or \"measured: ...\" / \"inferred: ...\")",
+                )
+            )
+    for attr, text in spec.cite.items():
+        path = ("cite", attr)
+        if attr not in HW_NUMBERS and attr not in Features.model_fields:
+            problems.append(
+                source.problem(path, f"not a number or feature of the spec (numbers: {', '.join(HW_NUMBERS)})", value=text)
+            )
+            continue
+        kind, colon, reason = text.partition(":")
+        if colon and kind.strip() in CITE_REASONS:
+            if not reason.strip():
+                problems.append(source.problem(path, f"'{kind.strip()}:' needs a reason after it", value=text))
+            continue
+        keys = text.split()
+        unknown = [k for k in keys if k not in spec.sources]
+        if not keys or unknown:
+            problems.append(
+                source.problem(
+                    path,
+                    f"names no source of [sources] ({', '.join(spec.sources)}), nor 'measured: ...' / 'inferred: ...'",
+                    value=text,
+                )
+            )
+        used.update(keys)
+    for key in spec.sources:
+        if key not in used and not any(f"[{key}]" in t for t in spec.cite.values()):
+            problems.append(source.problem(("sources", key), "no number cites this source"))
 
 
 def _check_vendors(vendors: Mapping[str, Vendor], problems: list[SpecProblem]) -> None:

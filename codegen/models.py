@@ -195,6 +195,11 @@ class HardwareSpec(Spec):
         "Whole-word, case-insensitive substrings of the driver's device name that identify this part."
     )
     features: Features
+    # Where the numbers come from: key -> citation ("CCG" -> "CUDA C++ Programming Guide, ...").
+    sources: Annotated[dict[UpperIdent, DocText], Frozen] = Field(min_length=1)
+    # Numeric field -> the keys of its sources ("CCG DEV"), or "measured: <how>" / "inferred:
+    # <why>".  load.py checks that every number is cited and every citation resolves.
+    cite: Annotated[dict[FieldName, DocText], Frozen]
 
     @model_validator(mode="after")
     def _consistent(self) -> "HardwareSpec":
@@ -222,12 +227,14 @@ _PY_TYPES = {"display_name": "str", "vendor": "str", "device_names": "tuple[str,
 # The seed's fields first, in its order, so its positional and keyword arguments both fit; the
 # spec's identity (name, display name, device names) last.
 _RECORD_LAST = ("device_names", "display_name")
+# Where the figures come from: checked at load, printed by `show --sources`, not generated.
+_NOT_RECORDED = ("features", "sources", "cite")
 
 
 def _record_fields() -> tuple[tuple[str, str, str, str], ...]:
     out = []
     for attr, info in HardwareSpec.model_fields.items():
-        if attr == "features" or attr in _RECORD_LAST:
+        if attr in _NOT_RECORDED or attr in _RECORD_LAST:
             continue
         pytype = "Optional[int]" if attr == "l2_cache_size_bytes" else _PY_TYPES.get(attr, "int")
         out.append((attr, _RECORD_NAMES.get(attr, attr), pytype, info.description or ""))
@@ -243,7 +250,7 @@ def _record_fields() -> tuple[tuple[str, str, str, str], ...]:
 # flattened), its spec name and a derived figure; not its display name or device names.
 # ``load.py`` accepts exactly these attributes and ``resolve.py`` builds exactly this
 # namespace (``hw_rule_namespace``), so a rule that loads can be evaluated.
-_HW_NOT_IN_RULES = ("display_name", "device_names", "features")
+_HW_NOT_IN_RULES = ("display_name", "device_names", "features", "sources", "cite")
 HW_RULE_ATTRS: tuple[str, ...] = tuple(
     sorted(
         (set(HardwareSpec.model_fields) - set(_HW_NOT_IN_RULES))
@@ -252,11 +259,15 @@ HW_RULE_ATTRS: tuple[str, ...] = tuple(
     )
 )
 HW_RECORD_FIELDS = _record_fields()
+# The numbers of a hardware spec: each must be cited (``HardwareSpec.cite``).
+HW_NUMBERS: tuple[str, ...] = tuple(attr for attr, _, pytype, _ in HW_RECORD_FIELDS if pytype in ("int", "Optional[int]"))
+CITE_REASONS = ("measured", "inferred")
 
 
 def hw_rule_namespace(name: str, spec: HardwareSpec) -> dict[str, Any]:
     """The ``hw`` namespace of rules for the target ``name``: exactly HW_RULE_ATTRS."""
-    flat = {**spec.model_dump(), **spec.features.model_dump()}
+    flat = {attr: getattr(spec, attr) for attr in HardwareSpec.model_fields if attr not in _HW_NOT_IN_RULES}
+    flat.update({attr: getattr(spec.features, attr) for attr in Features.model_fields})
     flat["name"] = name
     flat["bandwidth_per_sm_gbps"] = spec.memory_bandwidth_gbps / spec.sm_count
     return {attr: flat[attr] for attr in HW_RULE_ATTRS}

@@ -81,7 +81,14 @@ def hw_toml(vendor: str = "nvidia", arch: int = 80, *, optin: int = 166912, per_
     }
     fields.update(over)
     body = "\n".join(f"{k} = {v}" for k, v in fields.items())
-    return body + "\n\n[features]\nasync_copy = true\ntma = false\nwgmma = false\ntcgen05 = false\nclusters = false\n"
+    numbers = [k for k in fields if k not in ("display_name", "vendor", "device_names")]
+    cite = "".join(f'{k} = "T"\n' for k in numbers)
+    return (
+        body
+        + "\n\n[features]\nasync_copy = true\ntma = false\nwgmma = false\ntcgen05 = false\nclusters = false\n"
+        + '\n[sources]\nT = "a test figure"\n\n[cite]\n'
+        + cite
+    )
 
 
 MODEL_TOML = """display_name = "m"
