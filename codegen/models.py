@@ -57,6 +57,15 @@ Ident = Annotated[str, Field(pattern=IDENT)]
 PosInt = Annotated[StrictInt, Field(gt=0)]
 
 
+def Upto(limit: int) -> Any:
+    """A positive integer no larger than ``limit``: a figure with a physical range (a part with
+    more than 2**20 threads per block is a typo, and would reach generated code as one)."""
+    return Annotated[StrictInt, Field(gt=0, le=limit)]
+
+
+KIB, GIB, TIB = 2**10, 2**30, 2**40
+
+
 def is_line_break(ch: str) -> bool:
     """A character str.splitlines() breaks on (\\n, \\r, \\x85, \\u2028, ...)."""
     return len((ch + "x").splitlines()) > 1
@@ -173,23 +182,23 @@ class HardwareSpec(Spec):
     vendor: Ident = _doc("Vendor spec name (specs/vendors/<vendor>.toml).")
     # The vendor's own architecture number (NVIDIA: 10*major + minor of the compute capability;
     # AMD: the gfx target's number; Iluvatar: its own numbering).  Policies chain on it.
-    arch: PosInt = _doc("Vendor's own architecture number; policies chain on it.")
-    warp_size: PosInt = _doc("Threads per warp (wavefront).")
-    max_threads_per_block: PosInt = _doc("Most threads in one block.")
-    max_shared_memory_per_block: PosInt = _doc("Shared memory a block gets without opt-in.")
-    max_registers_per_thread: PosInt = _doc("Registers one thread may use.")
+    arch: Upto(10**6) = _doc("Vendor's own architecture number; policies chain on it.")
+    warp_size: Upto(1024) = _doc("Threads per warp (wavefront).")
+    max_threads_per_block: Upto(2**20) = _doc("Most threads in one block.")
+    max_shared_memory_per_block: Upto(GIB) = _doc("Shared memory a block gets without opt-in.")
+    max_registers_per_thread: Upto(2**16) = _doc("Registers one thread may use.")
     # None where the vendor publishes no figure (GB10); no rule may then read it.
-    l2_cache_size_bytes: PosInt | None = Field(
+    l2_cache_size_bytes: Upto(TIB) | None = Field(
         default=None, description="L2 cache size; None where the vendor publishes none."
     )
-    memory_bandwidth_gbps: PosInt = _doc("Peak memory bandwidth (datasheet).")
-    sm_count: PosInt = _doc("Streaming multiprocessors (compute units).")
+    memory_bandwidth_gbps: Upto(10**7) = _doc("Peak memory bandwidth (datasheet).")
+    sm_count: Upto(2**20) = _doc("Streaming multiprocessors (compute units).")
     # CCCL's arch_to_min_bytes_in_flight for NVIDIA; measured for BI-V100.
-    bytes_in_flight: PosInt = _doc("Bytes each SM keeps in flight to saturate memory (CCCL's arch_to_min_bytes_in_flight).")
+    bytes_in_flight: Upto(GIB) = _doc("Bytes each SM keeps in flight to saturate memory (CCCL's arch_to_min_bytes_in_flight).")
     # Triton opts in automatically: the limit a Triton kernel's tiles must fit.
-    max_shared_memory_per_block_optin: PosInt = _doc("Shared memory a block may opt in to: the limit Triton kernels fit.")
-    shared_memory_per_sm: PosInt = _doc("Shared memory per SM.")
-    max_threads_per_sm: PosInt = _doc("Resident threads per SM; bounds occupancy.")
+    max_shared_memory_per_block_optin: Upto(GIB) = _doc("Shared memory a block may opt in to: the limit Triton kernels fit.")
+    shared_memory_per_sm: Upto(GIB) = _doc("Shared memory per SM.")
+    max_threads_per_sm: Upto(2**24) = _doc("Resident threads per SM; bounds occupancy.")
     # detect_hardware matches them before falling back to the arch.
     device_names: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = _doc(
         "Whole-word, case-insensitive substrings of the driver's device name that identify this part."
@@ -288,18 +297,18 @@ class ModelSpec(Spec):
 
     display_name: StrictStr
     # Core: attention and MLP shapes.
-    head_dim: PosInt
-    num_heads: PosInt
-    num_kv_heads: PosInt
-    hidden_size: PosInt
-    intermediate_size: PosInt
-    max_seq_len: PosInt
+    head_dim: Upto(2**16)
+    num_heads: Upto(2**16)
+    num_kv_heads: Upto(2**16)
+    hidden_size: Upto(2**24)
+    intermediate_size: Upto(2**24)
+    max_seq_len: Upto(2**31)
     # Mixture of experts (None: a dense model).
-    num_experts: PosInt | None = None
-    top_k: PosInt | None = None
-    moe_intermediate_size: PosInt | None = None
+    num_experts: Upto(2**20) | None = None
+    top_k: Upto(2**20) | None = None
+    moe_intermediate_size: Upto(2**24) | None = None
     # Serving: concurrent sequences the server runs (vLLM --max-num-seqs).
-    max_num_seqs: PosInt | None = None
+    max_num_seqs: Upto(2**24) | None = None
     # Module constants generated/dispatch.py defines for this model: ``<prefix>_<FIELD>`` for
     # every field the model sets (``QWEN36_HEAD_DIM``), under the name ``constant_names`` gives
     # where it gives one (``hidden_size = "HIDDEN"``: ``QWEN36_HIDDEN``).  None: no constants.

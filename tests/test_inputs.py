@@ -152,3 +152,13 @@ def test_commands_without_root_say_which_root_they_used(tmp_path):
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert f"codegen: root {REPO} (codegen's own checkout" in elsewhere.stderr
+
+
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [("warp_size", 4096, "warp_size: Input should be less than or equal to 1024"), ("sm_count", 2**40, "sm_count: Input should be less than or equal to 1048576")],
+)
+def test_hardware_figures_have_physical_ranges(tmp_path, field, value, fragment):
+    root = _tree(tmp_path, **{field: value})
+    result = run_cli("--root", str(root), "build")
+    assert result.code == 2 and fragment in result.err, result
