@@ -1,12 +1,15 @@
 """The compiler's stages, in order: each a pure function from one frozen record to the next.
 
     root (Path) --load--> SpecTree --resolve--> Resolution --render--> Rendered --plan--> Plan
+                                                          \--schema--> Rendered (schemas/)
 
 ``load`` and ``resolve`` raise ``SpecErrors`` (every problem found, exit 2);
-``render`` first checks that the specs provide what the templates need (also
-``SpecErrors``), then only turns resolved data into formatted text.  Nothing
-before ``write.apply`` touches the disk, so a failing stage leaves generated/
-as it was; ``apply`` itself is all or nothing (``write.OutputError``).
+``render`` first checks that the specs provide what each module declares it
+reads and that its template exists (also ``SpecErrors``), then only turns
+resolved data into formatted text (``context`` builds the templates' data).
+The records passed between stages are in ``records``.  Nothing before
+``write.apply`` touches the disk, so a failing stage leaves generated/ as it
+was; ``apply`` itself is all or nothing (``write.OutputError``).
 """
 
 from __future__ import annotations
