@@ -20,7 +20,8 @@ The context of a module (every name below is a template variable):
                (every config for the dispatch module).
 ``models``     ``[{"name", "display_name", "source", "dims": [(dim, literal)], "constants":
                [(NAME, literal)]}]``.
-``selectors``  ``[{"name", "params", "table": [(key, variant, model)]}]`` of the configs read.
+``selectors``  ``[{"name", "record", "config", "matches", "params", "table": [(key, variant,
+               model)]}]`` of the configs read.
 ``default_target``, ``default_model``  specs/project.toml's (or None); ``default_records``:
                config -> the symbol of its record on them; ``config_constants``:
                ``[(constant, symbol, dispatch name)]``.
@@ -240,6 +241,9 @@ def selector_data(resolution: Resolution, name: str) -> dict[str, Any] | None:
         table.setdefault(selector_key(resolution, vr), (vr.variant, vr.model))
     return {
         "name": cfg.selector.name,
+        "record": cfg.record,
+        "config": cfg.name,
+        "matches": [f"{p} is {what}" for p, what in cfg.selector.params.items()],
         "params": list(cfg.selector.params),
         "table": [(key, variant, model) for key, (variant, model) in table.items()],
     }
