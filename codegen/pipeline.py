@@ -1,7 +1,7 @@
 """The compiler's stages, in order: each a pure function from one frozen record to the next.
 
     root (Path) --load--> SpecTree --resolve--> Resolution --render--> Rendered --plan--> Plan
-                                                          \--schema--> Rendered (schemas/)
+                                                          `--schema--> Rendered (schemas/)
 
 ``load`` and ``resolve`` raise ``SpecErrors`` (every problem found, exit 2);
 ``render`` first checks that the specs provide what each module declares it
