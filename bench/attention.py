@@ -1,0 +1,625 @@
+#!/usr/bin/env python3
+"""Benchmark generated/attention.py against torch SDPA on one GPU (H200), bf16.
+
+    python3 bench/attention.py                          # the full run (~2-3 min on the H200)
+    python3 bench/attention.py --cpu-smoke --hw h200    # tiny fp16 shapes in Triton's interpreter
+
+Kernels come from generated/attention.py with ``hw=None`` (the device is detected; ``--hw``
+forces a target).  Every method is checked at the size it is timed at before it is timed (a
+wrong or unwritten result is recorded as a failed check, not timed, and the run exits 1).
+Times are GPU times (bench/timing.py: median of runs each after an L2 flush, the host's launch
+time off the clock), in interleaved rounds against the reference; ratios are the median over
+rounds of reference time / our time (> 1: ours faster).
+
+1. prefill (prefill_attention), causal and not, head_dim 128 (32 query / 8 KV heads, as
+   Llama-3.1-8B) and 256 (16 / 4, as Qwen3.6), sequences of 1k, 4k and 16k tokens, in an
+   equal batch (16k tokens: 16 x 1k, 4 x 4k, 1 x 16k) and a ragged one (lengths from 17% to
+   100% of the sequence length, about 1.5x the tokens): TFLOP/s (causal: half the
+   score matrix) against SDPA with the flash backend on the same data (GQA through
+   ``enable_gqa``; a ragged batch as one SDPA call per sequence, replayed from a CUDA graph so
+   that host launch gaps do not count).  Summary: the geometric mean
+   of the ratios over the causal shapes at 4k and 16k, and the lowest ratio.
+2. decode (decode_attention) on a paged cache (block size 16, blocks in random order), batch
+   1 / 8 / 32 / 128, context 1k / 8k / 32k, head_dim 256 with 4 KV heads (Qwen3.6) and head_dim 128
+   with 8 KV heads: KV bytes read per second as a fraction of a device copy's bandwidth (the copy
+   of the same number of bytes, read + written, capped at 2 GiB), and the time against SDPA
+   (flash) on the same K/V already contiguous ([batch, kv_heads, context, head_dim], no block
+   table): an upper anchor.  The path the policy takes (V1, V2) is recorded per case.
+3. V1 against V2 at contexts past the policy's v1_v2_threshold (batch 8 and 32, both models):
+   the decode kernel forced to V1 (a record with no threshold) and to V2.
+4. First call of a new sequence length (prefill and decode, kernels already compiled): wall
+   time, which would include a compilation if lengths were specialized on.
+
+Prints a table per phase; JSON to $OUT/attention.json when $OUT is set (or --json PATH),
+rewritten after every phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+
+
+def _parse():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes, CPU interpreter")
+    ap.add_argument("--hw", default=None, help="hardware spec name (default: detect the GPU)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case (default 3)")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="soft budget: later cases are skipped past it")
+    ap.add_argument("--json", default=None, help="JSON path (default $OUT/attention.json)")
+    return ap.parse_args()
+
+
+ARGS = _parse()
+SMOKE = ARGS.cpu_smoke
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    if ARGS.hw is None:
+        sys.exit("--cpu-smoke needs --hw NAME (a hardware spec name, e.g. h200)")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
+from generated import attention as at  # noqa: E402
+from generated.dispatch import target_name  # noqa: E402
+
+T0 = time.perf_counter()
+DEV = "cpu" if SMOKE else "cuda"
+DT = torch.float16 if SMOKE else torch.bfloat16
+HW = ARGS.hw
+ROUNDS = 1 if SMOKE else ARGS.rounds
+# Relative error (||ours - sdpa|| / ||sdpa||) a result may have: bf16 rounding of two
+# different summation orders is ~3e-3; fp16 in the smoke run less.
+MAX_REL_ERR = 2e-2
+# Models: head_dim -> (query heads, KV heads); fewer heads in the smoke run (the interpreter
+# runs programs one by one).
+MODELS = {128: (4, 2), 256: (4, 1)} if SMOKE else {128: (32, 8), 256: (16, 4)}
+RES: dict = {
+    "meta": {},
+    "prefill": [],
+    "decode": [],
+    "v1_vs_v2": [],
+    "first_call": {},
+    "correctness": [],
+    "skipped": [],
+    "errors": [],
+}
+_COPY: dict = {}
+
+if SMOKE:
+    PREFILL_SEQS, PREFILL_TOKENS = [24, 70], 24
+    DECODE_BATCHES, DECODE_CONTEXTS = [1, 2], [40, 600]
+    V1V2 = [(1, 600)]
+else:
+    PREFILL_SEQS, PREFILL_TOKENS = [1024, 4096, 16384], 16384
+    DECODE_BATCHES, DECODE_CONTEXTS = [1, 8, 32, 128], [1024, 8192, 32768]
+    V1V2 = [(8, 16384), (8, 32768), (32, 32768)]
+BLOCK_SIZE = 16
+# Ragged batches: each sequence's length as a fraction of the phase's sequence length.
+RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
+
+
+def elapsed():
+    return time.perf_counter() - T0
+
+
+def log(*a):
+    print(f"[{elapsed():6.1f}s]", *a, flush=True)
+
+
+def sync():
+    if not SMOKE:
+        torch.cuda.synchronize()
+
+
+def release():
+    if not SMOKE:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def json_path():
+    if ARGS.json:
+        return ARGS.json
+    out = os.environ.get("OUT")
+    return os.path.join(out, "attention.json") if out else None
+
+
+def write_json():
+    p = json_path()
+    if not p:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+    RES["meta"]["elapsed_s"] = round(elapsed(), 1)
+    with open(p + ".tmp", "w") as f:
+        json.dump(RES, f, indent=1, default=str)
+    os.replace(p + ".tmp", p)
+
+
+def record_error(where, e):
+    RES["errors"].append(
+        {"where": where, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+    )
+    log(f"ERROR in {where}: {type(e).__name__}: {str(e)[:500]}")
+
+
+def over_budget(what):
+    if elapsed() > ARGS.budget_s:
+        RES["skipped"].append(f"{what} (budget)")
+        log(f"skip {what} (budget)")
+        return True
+    return False
+
+
+def timer(est_ms):
+    """GPU ms with about 0.25 s of runs per measurement (5 to 100 runs); one call on the CPU."""
+    if SMOKE:
+        return cpu_ms
+    reps = max(5, min(100, int(250 / max(est_ms, 1e-3))))
+    return lambda fn: gpu_ms(fn, reps=reps)
+
+
+def estimate_ms(fn):
+    if SMOKE:
+        return 0.0
+    fn()
+    sync()
+    t = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - t) * 1e3
+
+
+def rnd(*shape):
+    return (
+        torch.randn(*shape, device=DEV, dtype=torch.float32).to(DT)
+        if SMOKE
+        else torch.randn(*shape, device=DEV, dtype=DT)
+    )
+
+
+def check(name, got, ref):
+    """One correctness check: finite and within MAX_REL_ERR of the reference."""
+    err = rel_err(got, ref.float())
+    ok = bool(torch.isfinite(got).all()) and err < MAX_REL_ERR
+    RES["correctness"].append({"check": name, "ok": ok, "rel_err": err})
+    if not ok:
+        log(f"correctness FAILED {name}: rel err {err:.3g}")
+    return ok
+
+
+def sdpa(q, k, v, causal):
+    """SDPA, GQA through enable_gqa; the caller picks the backend (flash_only)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+def flash_only(fn):
+    """fn with SDPA restricted to the flash backend (the math backend on the CPU)."""
+    if SMOKE:
+        return fn
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return fn()
+
+    return run
+
+
+def replayed(fn):
+    """fn captured into a CUDA graph (its replay): the per-sequence SDPA calls of a ragged batch
+    then run without the host's launch gaps between them.  As it is on the CPU."""
+    if SMOKE:
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def geomean(values):
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+# ---------------------------------------------------------------------------------------
+# 0. meta
+
+
+def phase_meta():
+    m = RES["meta"]
+    m.update(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        smoke=SMOKE,
+        dtype=str(DT),
+        rounds=ROUNDS,
+        argv=sys.argv[1:],
+        device="cpu (TRITON_INTERPRET=1)" if SMOKE else torch.cuda.get_device_name(),
+    )
+    target = target_name(HW, torch.device(DEV))
+    m["target"] = target
+    m["policies"] = {}
+    for head_dim in MODELS:
+        sel = at.select(DT, head_dim, hw=HW, device=torch.device(DEV))
+        m["policies"][head_dim] = {
+            "model": sel.model,
+            "config": dataclasses.asdict(sel.config),
+            "launch": dataclasses.asdict(sel.launch),
+            "prefill_kernel": sel.prefill.name,
+            "decode_kernel": sel.decode.name,
+        }
+        log(f"head_dim {head_dim}: {m['policies'][head_dim]}")
+    log(f"{m['date']}  torch {torch.__version__}  triton {triton.__version__}  device {m['device']} -> target {target}")
+
+
+# ---------------------------------------------------------------------------------------
+# 1. prefill
+
+
+def prefill_lengths(seq, ragged):
+    if not ragged:
+        return [seq] * max(1, PREFILL_TOKENS // seq)
+    n = max(3, (3 * PREFILL_TOKENS) // (2 * seq))
+    return [max(1, int(seq * RAGGED[i % len(RAGGED)])) for i in range(n)]
+
+
+def prefill_flops(lengths, H, D, causal):
+    return sum(4 * n * n * D * H / (2 if causal else 1) for n in lengths)
+
+
+def phase_prefill():
+    for causal in (True, False):
+        for head_dim, (H, Hkv) in MODELS.items():
+            for seq in PREFILL_SEQS:
+                for ragged in (False, True):
+                    name = f"prefill {'causal' if causal else 'full'} d={head_dim} seq={seq} {'ragged' if ragged else 'equal'}"
+                    if over_budget(name):
+                        continue
+                    try:
+                        one_prefill(name, causal, head_dim, H, Hkv, seq, ragged)
+                    except Exception as e:  # noqa: BLE001
+                        record_error(name, e)
+                    release()
+    rows = [r for r in RES["prefill"] if "ratio" in r]
+    key = [r["ratio"] for r in rows if r["causal"] and r["seq"] >= (PREFILL_SEQS[1] if len(PREFILL_SEQS) > 1 else 0)]
+    RES["prefill_summary"] = {
+        "geomean_causal_4k_16k": geomean(key),
+        "min_ratio": min((r["ratio"] for r in rows), default=None),
+        "geomean_all": geomean(r["ratio"] for r in rows),
+    }
+    log(f"prefill summary: {RES['prefill_summary']}")
+    write_json()
+
+
+def one_prefill(name, causal, head_dim, H, Hkv, seq, ragged):
+    lengths = prefill_lengths(seq, ragged)
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    total = cu[-1]
+    q, k, v = rnd(total, H, head_dim), rnd(total, Hkv, head_dim), rnd(total, Hkv, head_dim)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=DEV)
+    out = torch.full_like(q, float("nan"))
+
+    def ours():
+        at.prefill_attention(q, k, v, cu_t, cu_t, max(lengths), max(lengths), causal=causal, out=out, hw=HW)
+
+    # SDPA on the same data: [batch, heads, seq, dim] views of equal sequences; one call per
+    # sequence of a ragged batch.
+    ref_out = torch.empty_like(q)
+    if not ragged:
+        B = len(lengths)
+
+        def view(t):
+            return t.view(B, seq, t.shape[1], head_dim).transpose(1, 2)
+
+        qv, kv, vv = view(q), view(k), view(v)
+
+        def reference():
+            ref_out.view(B, seq, H, head_dim).copy_(sdpa(qv, kv, vv, causal).transpose(1, 2))
+
+        reference_timed = flash_only(lambda: sdpa(qv, kv, vv, causal))
+    else:
+        parts = [(a, b) for a, b in zip(cu, cu[1:])]
+
+        def seq_views(a, b):
+            return (t[a:b].transpose(0, 1)[None] for t in (q, k, v))
+
+        def reference():
+            for a, b in parts:
+                ref_out[a:b] = sdpa(*seq_views(a, b), causal)[0].transpose(0, 1)
+
+        def each_sequence():
+            for a, b in parts:
+                sdpa(*seq_views(a, b), causal)
+
+        reference_timed = None
+
+    ours()
+    flash_only(reference)()
+    sync()
+    ok = check(name, out, ref_out)
+    if reference_timed is None and ok:
+        reference_timed = replayed(flash_only(each_sequence))
+    row = {
+        "name": name,
+        "causal": causal,
+        "head_dim": head_dim,
+        "heads": [H, Hkv],
+        "seq": seq,
+        "ragged": ragged,
+        "lengths": lengths,
+        "ok": ok,
+    }
+    RES["prefill"].append(row)
+    if not ok:
+        return
+    flops = prefill_flops(lengths, H, head_dim, causal)
+    timed = interleaved({"ours": ours, "sdpa": reference_timed}, ROUNDS, "sdpa", timer(estimate_ms(ours)))
+    row.update(
+        ours_ms=timed["ours"]["ms"],
+        sdpa_ms=timed["sdpa"]["ms"],
+        ours_tflops=flops / (timed["ours"]["ms"] * 1e-3) / 1e12,
+        sdpa_tflops=flops / (timed["sdpa"]["ms"] * 1e-3) / 1e12,
+        ratio=timed["ours"]["ratio"],
+    )
+    log(f"{name:46s} ours {row['ours_tflops']:7.1f} TFLOP/s  sdpa {row['sdpa_tflops']:7.1f}  ratio {row['ratio']:.3f}")
+
+
+# ---------------------------------------------------------------------------------------
+# 2. decode
+
+
+def copy_bandwidth(nbytes):
+    """(read + written bytes) / s of a device copy of min(nbytes, 2 GiB), memoised by size."""
+    size = min(nbytes, 2 << 30)
+    if size not in _COPY:
+        src = torch.empty(size // 2, device=DEV, dtype=torch.int16).random_()
+        dst = torch.empty_like(src)
+        ms = timer(0.5)(lambda: dst.copy_(src))
+        _COPY[size] = 2 * size / (ms * 1e-3)
+        del src, dst
+        release()
+    return _COPY[size]
+
+
+def paged_cache(batch, context, Hkv, head_dim):
+    """K and V caches of batch x context tokens in blocks of BLOCK_SIZE, in random order, the
+    block table, and the same K and V contiguous as [batch, kv_heads, context, head_dim]."""
+    per = -(-context // BLOCK_SIZE)
+    nb = batch * per
+    key_cache = rnd(nb, BLOCK_SIZE, Hkv, head_dim)
+    value_cache = rnd(nb, BLOCK_SIZE, Hkv, head_dim)
+    table = torch.randperm(nb, device=DEV).to(torch.int32).view(batch, per)
+
+    def contiguous(cache):
+        return (
+            cache[table.long()].view(batch, per * BLOCK_SIZE, Hkv, head_dim)[:, :context].transpose(1, 2).contiguous()
+        )
+
+    return key_cache, value_cache, table, contiguous(key_cache), contiguous(value_cache)
+
+
+def decode_path(sel, batch, context, Hkv):
+    cfg, launch = sel.config, sel.launch
+    v1_limit = (
+        cfg.v1_v2_threshold if batch * Hkv >= launch.v1_min_programs else min(cfg.v1_v2_threshold, cfg.partition_size)
+    )
+    if context > cfg.pytorch_decode_threshold:
+        return "pytorch"
+    return "V1" if context <= v1_limit else f"V2 ({-(-context // cfg.partition_size)} partitions)"
+
+
+def phase_decode():
+    for head_dim, (H, Hkv) in MODELS.items():
+        for context in DECODE_CONTEXTS:
+            for batch in DECODE_BATCHES:
+                name = f"decode d={head_dim} kv={Hkv} batch={batch} ctx={context}"
+                if over_budget(name):
+                    continue
+                try:
+                    one_decode(name, head_dim, H, Hkv, batch, context)
+                except Exception as e:  # noqa: BLE001
+                    record_error(name, e)
+                release()
+    rows = [r for r in RES["decode"] if "frac_copy" in r]
+    RES["decode_summary"] = {
+        "min_frac_copy_batch8_ctx8k": min(
+            (r["frac_copy"] for r in rows if r["batch"] >= 8 and r["context"] >= 8192), default=None
+        ),
+    }
+    log(f"decode summary: {RES['decode_summary']}")
+    write_json()
+
+
+def one_decode(name, head_dim, H, Hkv, batch, context):
+    key_cache, value_cache, table, k_c, v_c = paged_cache(batch, context, Hkv, head_dim)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEV)
+    query = rnd(batch, H, head_dim)
+    out = torch.full_like(query, float("nan"))
+    sel = at.select(DT, head_dim, hw=HW, device=torch.device(DEV))
+
+    def ours():
+        at.decode_attention(query, key_cache, value_cache, table, seq_lens, out=out, hw=HW)
+
+    q4 = query[:, :, None, :]  # [batch, heads, 1, dim]
+
+    reference = flash_only(lambda: sdpa(q4, k_c, v_c, False))
+
+    ours()
+    ref = reference()[:, :, 0, :]
+    sync()
+    ok = check(name, out, ref)
+    kv_bytes = 2 * batch * context * Hkv * head_dim * query.element_size()
+    row = {
+        "name": name,
+        "head_dim": head_dim,
+        "heads": [H, Hkv],
+        "batch": batch,
+        "context": context,
+        "kv_bytes": kv_bytes,
+        "path": decode_path(sel, batch, context, Hkv),
+        "ok": ok,
+    }
+    RES["decode"].append(row)
+    if not ok:
+        return
+    timed = interleaved({"ours": ours, "sdpa": reference}, ROUNDS, "sdpa", timer(estimate_ms(ours)))
+    key_cache = value_cache = k_c = v_c = None  # free the caches before the copy's buffers
+    release()
+    ours_bw = kv_bytes / (timed["ours"]["ms"] * 1e-3)
+    copy_bw = copy_bandwidth(kv_bytes)
+    row.update(
+        ours_us=timed["ours"]["ms"] * 1e3,
+        sdpa_us=timed["sdpa"]["ms"] * 1e3,
+        ours_tbps=ours_bw / 1e12,
+        copy_tbps=copy_bw / 1e12,
+        frac_copy=ours_bw / copy_bw,
+        ratio_vs_sdpa=timed["ours"]["ratio"],
+        kv_once_at_copy_us=kv_bytes / copy_bw * 1e6,
+    )
+    log(
+        f"{name:42s} {row['path']:18s} ours {row['ours_us']:9.1f} us {row['ours_tbps']:6.3f} TB/s "
+        f"({row['frac_copy']:.2f} of copy)  sdpa {row['sdpa_us']:9.1f} us  sdpa/ours {row['ratio_vs_sdpa']:.3f}"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# 3. V1 against V2
+
+
+def phase_v1_v2():
+    for head_dim, (H, Hkv) in MODELS.items():
+        for batch, context in V1V2:
+            name = f"V1 vs V2 d={head_dim} batch={batch} ctx={context}"
+            if over_budget(name):
+                continue
+            try:
+                key_cache, value_cache, table, k_c, v_c = paged_cache(batch, context, Hkv, head_dim)
+                del k_c, v_c
+                seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEV)
+                query = rnd(batch, H, head_dim)
+                sel = at.select(DT, head_dim, hw=HW, device=torch.device(DEV))
+                runs = {
+                    "V1": (
+                        dataclasses.replace(
+                            sel.config, v1_v2_threshold=1 << 30, use_native_v1=False, use_native_v2=False
+                        ),
+                        dataclasses.replace(sel.launch, v1_min_programs=0),
+                    ),
+                    "V2": (
+                        dataclasses.replace(sel.config, v1_v2_threshold=0, use_native_v1=False, use_native_v2=False),
+                        sel.launch,
+                    ),
+                }
+                outs = {}
+                fns = {}
+                for path, (cfg, launch) in runs.items():
+                    outs[path] = torch.full_like(query, float("nan"))
+                    fns[path] = lambda cfg=cfg, launch=launch, o=outs[path]: at._ATTENTION.decode(
+                        query, key_cache, value_cache, table, seq_lens, out=o, hw=HW, config=cfg, launch=launch
+                    )
+                    fns[path]()
+                sync()
+                ok = check(f"{name} (V1 against V2)", outs["V1"], outs["V2"].float())
+                row = {
+                    "name": name,
+                    "head_dim": head_dim,
+                    "batch": batch,
+                    "context": context,
+                    "ok": ok,
+                    "policy_path": decode_path(sel, batch, context, Hkv),
+                }
+                RES["v1_vs_v2"].append(row)
+                if ok:
+                    timed = interleaved(fns, ROUNDS, "V1", timer(estimate_ms(fns["V1"])))
+                    row.update(
+                        v1_us=timed["V1"]["ms"] * 1e3, v2_us=timed["V2"]["ms"] * 1e3, v2_speedup=timed["V2"]["ratio"]
+                    )
+                    log(
+                        f"{name:42s} V1 {row['v1_us']:9.1f} us  V2 {row['v2_us']:9.1f} us  V1/V2 {row['v2_speedup']:.2f}"
+                    )
+                key_cache = value_cache = fns = None
+            except Exception as e:  # noqa: BLE001
+                record_error(name, e)
+            release()
+    write_json()
+
+
+# ---------------------------------------------------------------------------------------
+# 4. first call of a new length
+
+
+def phase_first_call():
+    head_dim = 128
+    H, Hkv = MODELS[head_dim]
+    res = RES["first_call"]
+    try:
+        for n in ((57, 91) if SMOKE else (3001, 5003)):
+            q, k, v = rnd(n, H, head_dim), rnd(n, Hkv, head_dim), rnd(n, Hkv, head_dim)
+            cu = torch.tensor([0, n], dtype=torch.int32, device=DEV)
+            sync()
+            t = time.perf_counter()
+            at.prefill_attention(q, k, v, cu, cu, n, n, hw=HW)
+            sync()
+            res.setdefault("prefill_ms", []).append({"length": n, "ms": (time.perf_counter() - t) * 1e3})
+        for n in ((33, 700) if SMOKE else (5003, 20011)):
+            key_cache, value_cache, table, _, _ = paged_cache(2, n, Hkv, head_dim)
+            sync()
+            t = time.perf_counter()
+            at.decode_attention(
+                rnd(2, H, head_dim),
+                key_cache,
+                value_cache,
+                table,
+                torch.full((2,), n, dtype=torch.int32, device=DEV),
+                hw=HW,
+            )
+            sync()
+            res.setdefault("decode_ms", []).append({"length": n, "ms": (time.perf_counter() - t) * 1e3})
+        log(f"first call of a new length (wall ms, compiled kernels): {res}")
+    except Exception as e:  # noqa: BLE001
+        record_error("first call", e)
+    write_json()
+
+
+def main():
+    phase_meta()
+    write_json()
+    phase_prefill()
+    phase_decode()
+    phase_v1_v2()
+    phase_first_call()
+    failed = [c["check"] for c in RES["correctness"] if not c["ok"]]
+    log(
+        f"correctness: {len(RES['correctness']) - len(failed)}/{len(RES['correctness'])} OK; "
+        f"errors: {len(RES['errors'])}; skipped: {len(RES['skipped'])}"
+    )
+    write_json()
+    if failed or RES["errors"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

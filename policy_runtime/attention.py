@@ -1,0 +1,746 @@
+"""The hand-written half of generated/attention.py: attention kernel bodies and the host side.
+
+generated/attention.py (templates/attention.py.j2) holds what varies with the specs: one small
+``@triton.jit`` kernel per distinct prefill tile (``AttentionConfig``'s ``triton_block_m/n``,
+``triton_num_warps/stages``) and per distinct decode tile (``AttentionLaunch``), each calling a
+body below with its constants as keyword arguments; the tables of records per dtype, model (or
+head_dim) and target; and the public functions, which hand those tables to an ``Attention``
+object (below).  Everything else is here: the bodies (``_prefill``, ``_decode``), the V2 merge
+kernel, the PyTorch path of long decode sequences, the hook for vendor decode kernels, the
+argument checks and the path of one call.  The generated module's docstrings say what the entry
+points promise.  Names with a leading underscore are the kernel module's internals, not API.
+
+Numerics: scores and the softmax state (running max, running sum, output accumulator) are fp32;
+``exp2`` with ``scale * log2(e)`` folded into the scores; K and V tiles are multiplied in the
+input dtype (fp32 inputs: IEEE fp32 products, no TF32).  Rows that see no key (a causal row
+above the bottom-right diagonal, a sequence of length 0) give zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import launch as _launch
+from .sizing import grid_even_share
+
+__all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected"]
+
+# In the kernels: scores are scaled by scale * log2(e) = scale * 1.4426950408889634 (softmax in
+# base 2: exp2 is one instruction), and a row's running max starts at -1e30, not -inf, so that a
+# tile in which a row sees no key (all scores -inf) gives exp2(-inf - m) = 0 and a rescale
+# exp2(m - m) = 1, never NaN.
+# Partitions the V2 merge kernel reads per step.
+_MERGE_BLOCK_P = 16
+# CUDA's limit on a grid's second and third dimensions.
+_MAX_GRID_YZ = 65535
+
+# ---------------------------------------------------------------------------------------
+# Kernel bodies: generated/attention.py's specialized kernels call _prefill and _decode with
+# their constants.
+
+
+@triton.jit
+def _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC: tl.constexpr):
+    # One key tile of the online softmax: s [rows, keys] are base-2 scores (-inf where masked),
+    # v [keys, dim] the tile's values.  Returns the rescaled state.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                  offs_n, offs_d, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                  DOT_PREC: tl.constexpr):
+    # Keys [start, start + BLOCK_N) of one sequence.  MASKED: the tile may cross the end of the
+    # keys or (CAUSAL) the diagonal; an unmasked tile is seen whole by every row.
+    cols = start + offs_n
+    rows = cols.to(tl.int64)
+    if MASKED:
+        in_k = cols < k_len
+        k = tl.load(k_base + rows[:, None] * skt + offs_d[None, :], mask=in_k[:, None], other=0.0)
+        v = tl.load(v_base + rows[:, None] * svt + offs_d[None, :], mask=in_k[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + rows[:, None] * skt + offs_d[None, :])
+        v = tl.load(v_base + rows[:, None] * svt + offs_d[None, :])
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+    if MASKED:
+        seen = in_k[None, :]
+        if CAUSAL:
+            seen = seen & (cols[None, :] <= diag[:, None])
+        s = tl.where(seen, s, float("-inf"))
+    return _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
+
+
+@triton.jit
+def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, skt, skh, svt, svh,
+             sot, soh, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    # grid = (query blocks of the longest sequence, heads, sequences).  Program (i, h, b) takes
+    # query block (last - i) of sequence b, head h: under a causal mask the longest blocks start
+    # first.  Lengths are read from cu_q / cu_k, never passed as arguments: a new length
+    # compiles nothing.
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_q + seq)
+    q_len = tl.load(cu_q + seq + 1) - q_start
+    if m_block * BLOCK_M >= q_len:
+        return
+    k_start = tl.load(cu_k + seq)
+    k_len = tl.load(cu_k + seq + 1) - k_start
+    kv_head = head // group
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_q = offs_m < q_len
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * sqt + head * sqh + offs_d[None, :], mask=in_q[:, None], other=0.0)
+    k_base = k_ptr + k_start.to(tl.int64) * skt + kv_head * skh
+    v_base = v_ptr + k_start.to(tl.int64) * svt + kv_head * svh
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # Bottom-right causal alignment: row i sees keys j <= i + k_len - q_len.
+    shift = k_len - q_len
+    diag = offs_m + shift
+    if CAUSAL:
+        hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift)
+        # Keys every row of the block sees: j <= first row + shift.
+        whole = tl.minimum(hi, m_block * BLOCK_M + shift + 1)
+    else:
+        hi = k_len
+        whole = k_len
+    whole = (tl.maximum(whole, 0) // BLOCK_N) * BLOCK_N
+    for start in range(0, whole, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag,
+                                      qk_scale, offs_n, offs_d, False, CAUSAL, DOT_PREC)
+    for start in range(whole, hi, BLOCK_N):
+        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag,
+                                      qk_scale, offs_n, offs_d, True, CAUSAL, DOT_PREC)
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(o_ptr + q_rows[:, None] * sot + head * soh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=in_q[:, None])
+
+
+@triton.jit
+def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l, sm_scale, group,
+            bt_stride, v1_limit, torch_limit, partition_size, max_parts, sqs, sqh, skb, skt, skh, svb,
+            svt, svh, sos, soh, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+            Q_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    # grid = (sequences, KV heads, partitions).  One program serves the `group` query heads of
+    # one KV head (their rows padded to Q_ROWS for the tensor cores), so a KV tile is read once
+    # per group.  A sequence of at most v1_limit tokens is V1: partition 0 covers it whole and
+    # writes the output.  A longer one is V2: partition p covers tokens
+    # [p * partition_size, (p + 1) * partition_size) and writes its normalised partial output
+    # and its softmax state for _merge.  A sequence longer than torch_limit is left to the
+    # PyTorch path.
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    seq_len = tl.load(sl_ptr + seq)
+    is_v2 = seq_len > v1_limit
+    start = tl.where(is_v2, part * partition_size, 0)
+    end = tl.where(is_v2, tl.minimum(part * partition_size + partition_size, seq_len), seq_len)
+    skip = (seq_len > torch_limit) | ((seq_len <= v1_limit) & (part > 0)) | (is_v2 & (start >= seq_len))
+    if skip:
+        return
+    offs_g = tl.arange(0, Q_ROWS)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_group = offs_g < group
+    heads = kv_head * group + offs_g
+    seq64 = seq.to(tl.int64)
+    q = tl.load(q_ptr + seq64 * sqs + heads[:, None] * sqh + offs_d[None, :], mask=in_group[:, None], other=0.0)
+    bt_row = bt_ptr + seq64 * bt_stride
+    k_head = kc_ptr + kv_head * skh
+    v_head = vc_ptr + kv_head * svh
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([Q_ROWS], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([Q_ROWS], dtype=tl.float32)
+    acc = tl.zeros([Q_ROWS, HEAD_DIM], dtype=tl.float32)
+    for tok0 in range(start, end, BLOCK_N):
+        toks = tok0 + offs_n
+        live = toks < end
+        block = tl.load(bt_row + toks // BLOCK_SIZE, mask=live, other=0).to(tl.int64)
+        slot = toks % BLOCK_SIZE
+        k = tl.load(k_head + block[:, None] * skb + slot[:, None] * skt + offs_d[None, :], mask=live[:, None],
+                    other=0.0)
+        v = tl.load(v_head + block[:, None] * svb + slot[:, None] * svt + offs_d[None, :], mask=live[:, None],
+                    other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        s = tl.where(live[None, :], s, float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if seq_len <= v1_limit:
+        tl.store(o_ptr + seq64 * sos + heads[:, None] * soh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=in_group[:, None])
+    else:
+        # Partials of (sequence, head, partition) at ((seq * heads + head) * max_parts + part).
+        idx = (seq64 * (group * tl.num_programs(1)) + heads) * max_parts + part
+        tl.store(part_o + idx[:, None] * HEAD_DIM + offs_d[None, :], out, mask=in_group[:, None])
+        tl.store(part_m + idx, m_i, mask=in_group)
+        tl.store(part_l + idx, l_i, mask=in_group)
+
+
+@triton.jit(do_not_specialize=["v1_limit", "torch_limit", "partition_size", "max_parts"])
+def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partition_size, max_parts, sos,
+           soh, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr):
+    # grid = (sequences, heads): the log-sum-exp merge of a V2 sequence's partitions.  With M the
+    # largest partition max (base 2), partition p weighs l_p * 2^(m_p - M); the output is the
+    # weighted mean of the partitions' normalised outputs.  Exact up to rounding.
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(sl_ptr + seq)
+    if (seq_len <= v1_limit) | (seq_len > torch_limit):
+        return
+    n_parts = tl.cdiv(seq_len, partition_size)
+    base = (seq.to(tl.int64) * tl.num_programs(1) + head) * max_parts
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_run = tl.full([BLOCK_P], -1.0e30, dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        p = p0 + offs_p
+        m_run = tl.maximum(m_run, tl.load(part_m + base + p, mask=p < n_parts, other=-1.0e30))
+    m_all = tl.max(m_run, 0)
+    w_sum = tl.zeros([BLOCK_P], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_P, HEAD_DIM], dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        p = p0 + offs_p
+        live = p < n_parts
+        w = tl.load(part_l + base + p, mask=live, other=0.0) * tl.math.exp2(
+            tl.load(part_m + base + p, mask=live, other=-1.0e30) - m_all)
+        o = tl.load(part_o + (base + p)[:, None] * HEAD_DIM + offs_d[None, :], mask=live[:, None], other=0.0)
+        acc += o * w[:, None]
+        w_sum += w
+    out = tl.sum(acc, 0) / tl.sum(w_sum, 0)
+    tl.store(o_ptr + seq.to(tl.int64) * sos + head * soh + offs_d, out.to(o_ptr.dtype.element_ty))
+
+
+# ---------------------------------------------------------------------------------------
+# Records of the generated kernels and tables.
+
+
+@dataclass(frozen=True)
+class PrefillKernel:
+    """One specialized prefill kernel of generated/attention.py and the constants it bakes in."""
+
+    kernel: Any
+    # "16bit" (fp16 and bf16 inputs) or "fp32".
+    dtype_class: str
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return self.kernel.__name__
+
+
+@dataclass(frozen=True)
+class DecodeKernel:
+    """One specialized paged-decode kernel of generated/attention.py and its constants."""
+
+    kernel: Any
+    dtype_class: str
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return self.kernel.__name__
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A target's AttentionConfig record for one dtype and model, and the prefill kernel built
+    from its tiles (for fp32 inputs: half as many key rows, the same bytes of K/V staging)."""
+
+    config: Any
+    prefill: PrefillKernel
+
+
+@dataclass(frozen=True)
+class Decode:
+    """A target's AttentionLaunch record for one element size and head_dim, and its decode kernel."""
+
+    launch: Any
+    kernel: DecodeKernel
+
+
+@dataclass(frozen=True)
+class Selected:
+    """What serves a call: the target, the model whose records serve its head_dim, the
+    AttentionConfig record (prefill tiles, decode thresholds, native flags), the AttentionLaunch
+    record (decode tiles) and the two kernels."""
+
+    target: str
+    model: str
+    config: Any
+    launch: Any
+    prefill: PrefillKernel
+    decode: DecodeKernel
+
+
+# Table keys of the dtypes a call may have.
+_DTYPE_KEY = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_CLASS_OF = {"float16": "16bit", "bfloat16": "16bit", "float32": "fp32"}
+
+# A vendor decode kernel: called with keyword arguments out, query, key_cache, value_cache,
+# block_tables, seq_lens, scale, max_seq_len; writes out.
+NativeDecode = Callable[..., Any]
+
+
+# ---------------------------------------------------------------------------------------
+# Checks on a call.
+
+
+def _tensor(op: str, name: str, t: Any, dims: int, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{op}: {name} must be a tensor {what}, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{op}: {name} must be {what}, got shape {tuple(t.shape)}")
+    return t
+
+
+def _float_dtype(op: str, name: str, t: torch.Tensor) -> str:
+    key = _DTYPE_KEY.get(t.dtype)
+    if key is None:
+        raise ValueError(f"{op}: {name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
+    return key
+
+
+def _same_dtype(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
+    if t.dtype != ref.dtype:
+        raise ValueError(f"{op}: {name} has dtype {t.dtype}, {ref_name} {ref.dtype}; they must match")
+
+
+def _unit_last(op: str, name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{op}: {name} {tuple(t.shape)} needs unit stride in its last dim, got strides {t.stride()}")
+
+
+def _same_device(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{op}: {name} is on {t.device}, {ref_name} on {ref.device}; they must be on one device")
+
+
+def _index(op: str, name: str, t: Any, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{op}: {name} must be an int32 tensor {what}, got {got}")
+    return t
+
+
+def _length(op: str, name: str, n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"{op}: {name} must be an int >= 0, got {n!r}")
+    return n
+
+
+def _scale(op: str, scale: Any, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be a finite float or None, got {scale!r}")
+    return float(scale)
+
+
+def _out(op: str, out: Any, shape: tuple[int, ...], ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=ref.dtype, device=ref.device)
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"{op}: out must be a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"{op}: out must have shape {shape}, got {tuple(out.shape)}")
+    _same_dtype(op, "out", out, ref, ref_name)
+    _same_device(op, "out", out, ref, ref_name)
+    _unit_last(op, "out", out)
+    return out
+
+
+def _runnable(op: str, name: str, t: torch.Tensor) -> None:
+    if not _launch._INTERPRET and not t.is_cuda:
+        raise ValueError(
+            f"{op}: {name} must be a CUDA tensor (got device {t.device}); set TRITON_INTERPRET=1 to run on the CPU"
+        )
+
+
+def _launch_on(t: torch.Tensor, fn: Callable[[], None]) -> None:
+    # Launch on the tensors' device (a device guard only when it is not the current one).
+    if _launch._FIRST_LAUNCH:
+        _launch._ready_triton()
+    if t.is_cuda and t.get_device() != torch.cuda.current_device():
+        with torch.cuda.device(t.device):
+            fn()
+    else:
+        fn()
+
+
+def _pow2ceil(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+# ---------------------------------------------------------------------------------------
+# The entry points over one generated module's tables.
+
+
+class Attention:
+    """prefill_attention, decode_attention, select and register_native_decode of
+    generated/attention.py, over its tables.
+
+    ``policies``: dtype name ("float16", "bfloat16", "float32") -> model -> target -> Policy.
+    ``decode``: element class ("16bit", "fp32") -> head_dim -> target -> Decode.
+    ``model_of_head_dim``: head_dim -> the model whose AttentionConfig records serve it.
+    ``hardware``: target -> hardware record (its sm_count sizes the PyTorch path's tiles).
+    ``target_name(hw, device)``: the spec name a call launches for.
+    """
+
+    def __init__(
+        self,
+        *,
+        policies: Mapping[str, Mapping[str, Mapping[str, Policy]]],
+        decode: Mapping[str, Mapping[int, Mapping[str, Decode]]],
+        model_of_head_dim: Mapping[int, str],
+        hardware: Mapping[str, Any],
+        target_name: Callable[[Any, Any], str],
+    ) -> None:
+        missing = [k for k in _DTYPE_KEY.values() if k not in policies] + [
+            k for k in ("16bit", "fp32") if k not in decode
+        ]
+        if missing:
+            raise ValueError(f"Attention: tables missing for {missing}")
+        self.policies = policies
+        self.decode_tables = decode
+        self.model_of_head_dim = dict(model_of_head_dim)
+        self.head_dims = tuple(sorted(self.model_of_head_dim))
+        self.hardware = hardware
+        self.target_name = target_name
+        self.native: dict[int, Optional[NativeDecode]] = {1: None, 2: None}
+
+    # -- tables ---------------------------------------------------------------------------
+
+    def select(self, dtype: torch.dtype, head_dim: int, hw: Any = None, device: Any = None) -> Selected:
+        """The records and kernels that serve calls of ``dtype`` and ``head_dim`` on a target."""
+        key = _DTYPE_KEY.get(dtype)
+        if key is None:
+            raise ValueError(f"attention: dtype {dtype} is not served; expected float16, bfloat16 or float32")
+        model = self.model_of_head_dim.get(head_dim)
+        if model is None:
+            raise ValueError(f"attention: head_dim {head_dim} is not served; the kernels serve {list(self.head_dims)}")
+        target = self.target_name(hw, device)
+        policy = self.policies[key][model][target]
+        dec = self.decode_tables[_CLASS_OF[key]][head_dim][target]
+        return Selected(target, model, policy.config, dec.launch, policy.prefill, dec.kernel)
+
+    def register_native(self, version: int, fn: Optional[NativeDecode]) -> Optional[NativeDecode]:
+        """Register (or with None remove) the vendor decode kernel of ``version`` (1 or 2);
+        returns the one it replaces."""
+        if version not in (1, 2):
+            raise ValueError(f"register_native_decode: version must be 1 or 2, got {version!r}")
+        if fn is not None and not callable(fn):
+            raise ValueError(f"register_native_decode: fn must be callable or None, got {type(fn).__name__}")
+        old = self.native[version]
+        self.native[version] = fn
+        return old
+
+    # -- prefill --------------------------------------------------------------------------
+
+    def prefill(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=True,
+                scale=None, out=None, hw=None, kernel: Optional[PrefillKernel] = None) -> torch.Tensor:
+        """Varlen flash attention (generated/attention.py's prefill_attention).  ``kernel``
+        (tests, benchmarks) runs that prefill kernel instead of the target's."""
+        op = "prefill_attention"
+        _tensor(op, "q", q, 3, "[total_q, num_heads, head_dim]")
+        _tensor(op, "k", k, 3, "[total_k, num_kv_heads, head_dim]")
+        _tensor(op, "v", v, 3, "[total_k, num_kv_heads, head_dim]")
+        dkey = _float_dtype(op, "q", q)
+        _same_dtype(op, "k", k, q, "q")
+        _same_dtype(op, "v", v, q, "q")
+        total_q, H, D = q.shape
+        total_k, Hkv, Dk = k.shape
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(f"{op}: v {tuple(v.shape)} must have k's shape {tuple(k.shape)}")
+        if Dk != D:
+            raise ValueError(f"{op}: k has head_dim {Dk}, q {D}; they must match")
+        if Hkv == 0 or H % Hkv:
+            raise ValueError(f"{op}: q's {H} heads must be a multiple of k's {Hkv} KV heads")
+        if D not in self.model_of_head_dim:
+            raise ValueError(f"{op}: q has head_dim {D}; the kernels serve {list(self.head_dims)}")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _unit_last(op, name, t)
+        _index(op, "cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
+        _index(op, "cu_seqlens_k", cu_seqlens_k, "[batch + 1]")
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1 or cu_seqlens_k.shape != cu_seqlens_q.shape:
+            raise ValueError(
+                f"{op}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} "
+                "must both be 1-D of batch + 1 entries"
+            )
+        max_q = _length(op, "max_seqlen_q", max_seqlen_q)
+        _length(op, "max_seqlen_k", max_seqlen_k)
+        sm_scale = _scale(op, scale, D)
+        for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            _same_device(op, name, t, q, "q")
+        out = _out(op, out, (total_q, H, D), q, "q")
+        _runnable(op, "q", q)
+        batch = cu_seqlens_q.shape[0] - 1
+        if batch > _MAX_GRID_YZ:
+            raise ValueError(f"{op}: {batch} sequences; at most {_MAX_GRID_YZ} per call")
+        if cu_seqlens_q.device.type == "cpu":
+            _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
+        if kernel is None:
+            kernel = self.select(q.dtype, D, hw, q.device).prefill
+        elif kernel.dtype_class != _CLASS_OF[dkey]:
+            raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {q.dtype}")
+        if batch == 0 or max_q == 0 or H == 0 or total_q == 0:
+            return out
+        cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
+        cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
+        grid = (triton.cdiv(max_q, kernel.block_m), H, batch)
+
+        def run() -> None:
+            kernel.kernel[grid](
+                q, k, v, out, cu_q, cu_k, sm_scale, H // Hkv,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                out.stride(0), out.stride(1), D, bool(causal),
+                num_warps=kernel.num_warps, num_stages=kernel.num_stages,
+            )  # fmt: skip
+
+        _launch_on(q, run)
+        return out
+
+    # -- decode ---------------------------------------------------------------------------
+
+    def decode(self, query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, out=None, hw=None,
+               max_seq_len=None, config: Any = None, kernel: Optional[DecodeKernel] = None,
+               launch: Any = None) -> torch.Tensor:
+        """Paged decode (generated/attention.py's decode_attention).  ``config`` (an
+        AttentionConfig, e.g. with smaller thresholds), ``launch`` (an AttentionLaunch) and
+        ``kernel`` replace the target's, for tests and benchmarks."""
+        op = "decode_attention"
+        _tensor(op, "query", query, 3, "[num_seqs, num_heads, head_dim]")
+        _tensor(op, "key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+        _tensor(op, "value_cache", value_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+        dkey = _float_dtype(op, "query", query)
+        _same_dtype(op, "key_cache", key_cache, query, "query")
+        _same_dtype(op, "value_cache", value_cache, query, "query")
+        S, H, D = query.shape
+        nb, bs, Hkv, Dk = key_cache.shape
+        if tuple(value_cache.shape) != tuple(key_cache.shape):
+            raise ValueError(f"{op}: value_cache {tuple(value_cache.shape)} must have key_cache's shape "
+                             f"{tuple(key_cache.shape)}")
+        if Dk != D:
+            raise ValueError(f"{op}: key_cache has head_dim {Dk}, query {D}; they must match")
+        if Hkv == 0 or H % Hkv:
+            raise ValueError(f"{op}: query's {H} heads must be a multiple of key_cache's {Hkv} KV heads")
+        if D not in self.model_of_head_dim:
+            raise ValueError(f"{op}: query has head_dim {D}; the kernels serve {list(self.head_dims)}")
+        if bs < 1:
+            raise ValueError(f"{op}: key_cache has block_size {bs}")
+        for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+            _unit_last(op, name, t)
+        _index(op, "block_tables", block_tables, "[num_seqs, max_blocks]")
+        _index(op, "seq_lens", seq_lens, "[num_seqs]")
+        if block_tables.dim() != 2 or block_tables.shape[0] != S:
+            raise ValueError(f"{op}: block_tables must be [num_seqs={S}, max_blocks], got {tuple(block_tables.shape)}")
+        if seq_lens.dim() != 1 or seq_lens.shape[0] != S:
+            raise ValueError(f"{op}: seq_lens must be [num_seqs={S}], got {tuple(seq_lens.shape)}")
+        _unit_last(op, "block_tables", block_tables)
+        sm_scale = _scale(op, scale, D)
+        if max_seq_len is not None:
+            _length(op, "max_seq_len", max_seq_len)
+        for name, t in (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables),
+                        ("seq_lens", seq_lens)):
+            _same_device(op, name, t, query, "query")
+        out = _out(op, out, (S, H, D), query, "query")
+        _runnable(op, "query", query)
+        sel = self.select(query.dtype, D, hw, query.device)
+        cfg = config if config is not None else sel.config
+        lcfg = launch if launch is not None else sel.launch
+        if kernel is None:
+            kernel = sel.decode
+        elif kernel.dtype_class != _CLASS_OF[dkey]:
+            raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {query.dtype}")
+        if S == 0 or H == 0:
+            return out
+        if seq_lens.stride(0) != 1:
+            seq_lens = seq_lens.contiguous()
+        # No sequence is longer than the block table holds (or the caller's max_seq_len): the
+        # bound that sizes a launch while the lengths stay on the device.
+        capacity = block_tables.shape[1] * bs
+        if max_seq_len is not None:
+            capacity = min(capacity, max_seq_len)
+        torch_limit = cfg.pytorch_decode_threshold
+        lens: Optional[list[int]] = None
+        if seq_lens.device.type == "cpu" or capacity > torch_limit:
+            # Host lengths: free for CPU tensors; for CUDA tensors one copy (a sync), only where a
+            # sequence may be long enough for the PyTorch path.
+            lens = seq_lens.tolist()
+            _check_lengths(op, lens, capacity, max_seq_len, bs, block_tables, nb)
+        long_rows = [i for i, n in enumerate(lens) if n > torch_limit] if lens is not None else []
+        if len(long_rows) < S:
+            bound = capacity
+            if lens is not None:
+                bound = max((n for n in lens if n <= torch_limit), default=0)
+            self._decode_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
+                                 kernel, bound, long_rows)
+        if long_rows:
+            assert lens is not None
+            sm_count = self.hardware[sel.target].sm_count
+            _torch_decode(out, query, key_cache, value_cache, block_tables, lens, long_rows, sm_scale,
+                          cfg.pytorch_max_tile_blocks, sm_count)
+        return out
+
+    def _decode_kernels(self, out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
+                        kernel, bound, long_rows) -> None:
+        # The sequences of at most pytorch_decode_threshold tokens (bound: the longest of them, or
+        # the block table's capacity): a registered vendor kernel where the policy says so, else
+        # the Triton kernels.
+        S, H, D = query.shape
+        Hkv = key_cache.shape[2]
+        version = 1 if bound <= cfg.v1_v2_threshold else 2
+        native = self.native[version] if getattr(cfg, f"use_native_v{version}") else None
+        if native is not None:
+            if long_rows:
+                skip = set(long_rows)
+                rows = torch.tensor([i for i in range(S) if i not in skip], device=query.device)
+                sub = torch.empty((rows.shape[0], H, D), dtype=out.dtype, device=out.device)
+                native(out=sub, query=query.index_select(0, rows), key_cache=key_cache, value_cache=value_cache,
+                       block_tables=block_tables.index_select(0, rows), seq_lens=seq_lens.index_select(0, rows),
+                       scale=sm_scale, max_seq_len=bound)
+                out.index_copy_(0, rows, sub)
+            else:
+                native(out=out, query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
+                       seq_lens=seq_lens, scale=sm_scale, max_seq_len=bound)
+            return
+        v1_limit = cfg.v1_v2_threshold
+        if S * Hkv < lcfg.v1_min_programs:
+            # Too few (sequence, KV head) programs to fill the part: split every sequence longer
+            # than one partition.
+            v1_limit = min(v1_limit, cfg.partition_size)
+        ps = cfg.partition_size
+        parts = 1 if bound <= v1_limit else triton.cdiv(bound, ps)
+        if parts > _MAX_GRID_YZ or Hkv > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
+            raise ValueError(f"decode_attention: {parts} partitions of {H} heads exceed the launch grid")
+        if parts > 1:
+            part_o = torch.empty((S, H, parts, D), dtype=torch.float32, device=query.device)
+            part_ml = torch.empty((2, S, H, parts), dtype=torch.float32, device=query.device)
+            part_m, part_l = part_ml[0], part_ml[1]
+        else:
+            # Not read (every sequence is V1), but fp32 like the real buffers: a pointer of another
+            # dtype would compile a second kernel.
+            part_o = part_m = part_l = _unused_fp32(query.device)
+        group = H // Hkv
+        q_rows = max(16, _pow2ceil(group))
+        torch_limit = cfg.pytorch_decode_threshold
+        kst, vst = key_cache.stride(), value_cache.stride()
+
+        def run() -> None:
+            kernel.kernel[(S, Hkv, parts)](
+                query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_m, part_l, sm_scale,
+                group, block_tables.stride(0), v1_limit, torch_limit, ps, parts, query.stride(0), query.stride(1),
+                kst[0], kst[1], kst[2], vst[0], vst[1], vst[2], out.stride(0), out.stride(1),
+                D, key_cache.shape[1], q_rows,
+                num_warps=kernel.num_warps, num_stages=kernel.num_stages,
+            )  # fmt: skip
+            if parts > 1:
+                _merge[(S, H)](
+                    out, part_o, part_m, part_l, seq_lens, v1_limit, torch_limit, ps, parts, out.stride(0),
+                    out.stride(1), D, _MERGE_BLOCK_P, num_warps=4,
+                )  # fmt: skip
+
+        _launch_on(query, run)
+
+
+_UNUSED: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused_fp32(device: torch.device) -> torch.Tensor:
+    t = _UNUSED.get(device)
+    if t is None:
+        t = _UNUSED[device] = torch.zeros(16, dtype=torch.float32, device=device)
+    return t
+
+
+def _check_cu_seqlens(op: str, cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
+                      max_q: int, max_k: int) -> None:
+    # Only for CPU tensors (no device sync): offsets from 0, non-decreasing, within the tensors,
+    # no sequence longer than max_seqlen_*.
+    for name, cu, total, longest, lname in (("cu_seqlens_q", cu_q, total_q, max_q, "max_seqlen_q"),
+                                             ("cu_seqlens_k", cu_k, total_k, max_k, "max_seqlen_k")):
+        vals = cu.tolist()
+        lens = [b - a for a, b in zip(vals, vals[1:])]
+        if vals[0] != 0 or any(n < 0 for n in lens) or vals[-1] > total:
+            raise ValueError(f"{op}: {name} {vals} must rise from 0 to at most {total}")
+        if lens and max(lens) > longest:
+            raise ValueError(f"{op}: {name} has a sequence of {max(lens)} tokens, longer than {lname}={longest}")
+
+
+def _check_lengths(op: str, lens: list[int], capacity: int, max_seq_len: Optional[int], bs: int,
+                   block_tables: torch.Tensor, nb: int) -> None:
+    # Lengths already on the host: within the block table and max_seq_len; block ids checked
+    # where the table is on the CPU too (no device sync).
+    bad = [n for n in lens if n < 0 or n > capacity]
+    if bad:
+        why = f"block_tables holds {block_tables.shape[1]} blocks of {bs}"
+        if max_seq_len is not None:
+            why += f", max_seq_len={max_seq_len}"
+        raise ValueError(f"{op}: seq_lens has {bad[0]}; lengths must be in [0, {capacity}] ({why})")
+    if block_tables.device.type == "cpu" and lens:
+        used = torch.arange(block_tables.shape[1])[None, :] < torch.tensor([-(-n // bs) for n in lens])[:, None]
+        wrong = used & ((block_tables < 0) | (block_tables >= nb))
+        if bool(wrong.any()):
+            s, j = (int(x) for x in wrong.nonzero()[0])
+            raise ValueError(f"{op}: block_tables[{s}, {j}] = {int(block_tables[s, j])} is not a block of "
+                             f"key_cache (0 to {nb - 1})")
+
+
+def _torch_decode(out, query, key_cache, value_cache, block_tables, lens, rows, sm_scale, max_tile_blocks,
+                  sm_count) -> None:
+    """The PyTorch path of sequences longer than pytorch_decode_threshold: per sequence, its
+    cache blocks in tiles of at most ``max_tile_blocks`` (``grid_even_share`` gives the number
+    of tiles, the blocks are shared evenly among them), each tile's scores and softmax state in
+    fp32, the tiles merged exactly (log-sum-exp)."""
+    _, H, D = query.shape
+    bs, Hkv = key_cache.shape[1], key_cache.shape[2]
+    G = H // Hkv
+    for s in rows:
+        n = lens[s]
+        n_blocks = -(-n // bs)
+        share = grid_even_share(n_blocks, max_tile_blocks, sm_count)
+        tiles = share["total_tiles"]
+        base, extra = divmod(n_blocks, tiles)
+        q = query[s].float().view(Hkv, G, D) * sm_scale
+        m = torch.full((Hkv, G), -math.inf, device=query.device)
+        l = torch.zeros((Hkv, G), device=query.device)
+        acc = torch.zeros((Hkv, G, D), device=query.device)
+        b0 = 0
+        for t in range(tiles):
+            b1 = b0 + base + (1 if t < extra else 0)
+            ids = block_tables[s, b0:b1].long()
+            toks = min(n, b1 * bs) - b0 * bs
+            k = key_cache.index_select(0, ids).reshape(-1, Hkv, D)[:toks].float()
+            v = value_cache.index_select(0, ids).reshape(-1, Hkv, D)[:toks].float()
+            scores = torch.einsum("hgd,nhd->hgn", q, k)
+            m_t = scores.amax(-1)
+            p = torch.exp(scores - m_t[..., None])
+            m_new = torch.maximum(m, m_t)
+            a, b = torch.exp(m - m_new), torch.exp(m_t - m_new)
+            acc = acc * a[..., None] + torch.einsum("hgn,nhd->hgd", p, v) * b[..., None]
+            l = l * a + p.sum(-1) * b
+            m = m_new
+            b0 = b1
+        out[s] = (acc / l[..., None]).reshape(H, D).to(out.dtype)
