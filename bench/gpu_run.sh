@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
-# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,first_call}...   Logs go to $OUT (or /tmp).
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,first_call}...   Logs go to $OUT (or /tmp).
 # first_call: only matmul's first-call latencies, 3 repeats (they move by tenths of a second between processes).
 set -u
 cd "$(dirname "$0")/.."
@@ -12,10 +12,12 @@ status=0
 for step in "$@"; do
     case "$step" in
         tests)
-            python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_matmul.py tests/test_transform.py tests/test_cache.py tests/test_first_launch.py tests/test_detect.py tests/test_parity.py \
+            python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_matmul.py tests/test_transform.py tests/test_cache.py tests/test_attention.py tests/test_moe.py tests/test_first_launch.py tests/test_detect.py tests/test_parity.py \
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
         matmul) python3 bench/matmul.py 2>&1 | tee "$OUT/bench_matmul.log" || status=1 ;;
         membound) python3 bench/membound.py 2>&1 | tee "$OUT/bench_membound.log" || status=1 ;;
+        attention) python3 bench/attention.py 2>&1 | tee "$OUT/bench_attention.log" || status=1 ;;
+        moe) python3 bench/moe.py 2>&1 | tee "$OUT/bench_moe.log" || status=1 ;;
         first_call) python3 bench/matmul.py --first-call-only --repeats 3 2>&1 | tee "$OUT/bench_first_call.log" || status=1 ;;
         *) echo "unknown step $step"; status=2 ;;
     esac

@@ -1,7 +1,7 @@
-"""The benchmarks' CPU smoke modes: every phase of bench/matmul.py and bench/membound.py runs on tiny
-shapes in Triton's interpreter, so a change that breaks a benchmark fails here and not first on the
-GPU.  The numbers printed are meaningless on a CPU; what is checked is that every phase ran and that
-every correctness check inside the benchmarks passed."""
+"""The benchmarks' CPU smoke modes: every phase of bench/matmul.py, bench/membound.py and
+bench/attention.py runs on tiny shapes in Triton's interpreter, so a change that breaks a benchmark
+fails here and not first on the GPU.  The numbers printed are meaningless on a CPU; what is checked
+is that every phase ran and that every correctness check inside the benchmarks passed."""
 
 import json
 import os
@@ -89,6 +89,48 @@ def test_matmul_sweep_rejects_a_bad_candidate_before_running(tmp_path):
     proc = run_bench("sweep_matmul.py", tmp_path, "--candidates", "grp:64x64:w4s3", code=2)
     assert "bad candidate 'grp:64x64:w4s3'" in proc.stderr
     assert "cublas" not in proc.stdout  # nothing was timed
+
+
+def test_attention_bench_smoke(tmp_path):
+    """Every phase of bench/attention.py ran on its smoke shapes, each case checked before it was
+    timed: prefill (causal and not, both head dims, equal and ragged batches) against SDPA, decode
+    against SDPA and a copy, V1 against V2, the first call of new lengths."""
+    out = run_bench("attention.py", tmp_path).stdout
+    result = json.loads((tmp_path / "attention.json").read_text())
+    assert result["errors"] == [] and result["skipped"] == []
+    checks = result["correctness"]
+    assert checks and all(c["ok"] for c in checks)
+    assert f"correctness: {len(checks)}/{len(checks)} OK" in out
+    prefill = result["prefill"]
+    assert {(r["causal"], r["head_dim"], r["ragged"]) for r in prefill} == {
+        (c, d, r) for c in (True, False) for d in (128, 256) for r in (False, True)
+    }
+    assert all(r["ours_tflops"] > 0 and r["ratio"] > 0 for r in prefill)
+    assert len(prefill) + len(result["decode"]) + len(result["v1_vs_v2"]) == len(checks)
+    decode = result["decode"]
+    assert {r["path"].split()[0] for r in decode} == {"V1", "V2"}  # both paths at the smoke lengths
+    assert all(0 < r["frac_copy"] and r["ratio_vs_sdpa"] > 0 for r in decode)
+    assert all(r["v1_us"] > 0 and r["v2_us"] > 0 for r in result["v1_vs_v2"])
+    assert len(result["first_call"]["prefill_ms"]) == len(result["first_call"]["decode_ms"]) == 2
+
+
+def test_moe_bench_smoke(tmp_path):
+    """bench/moe.py on its smoke shapes: every token count of both shapes ran each bucket of the
+    target (h200), each method checked against the fp32 reference before it was timed, the
+    cuBLAS comparison at the prefill sizes."""
+    out = run_bench("moe.py", tmp_path).stdout
+    result = json.loads((tmp_path / "moe.json").read_text())
+    assert result["errors"] == [] and result["skipped"] == []
+    cases = result["cases"]
+    assert sorted({(c["shape"], c["T"]) for c in cases}) == [(s, t) for s in ("e128", "qwen36") for t in (1, 16, 40, 600)]
+    assert {c["bucket"] for c in cases} == {"decode", "small", "medium", "prefill"}
+    for c in cases:
+        checked = set(c["errors_vs_ref"])
+        assert {"ours", "grouped"} <= checked and all(e < 2e-2 for e in c["errors_vs_ref"].values()), c
+        assert c["ours_us"] > 0 and c["grouped_us"] > 0 and 0 < c["ours_weight_frac_copy"]
+        assert ("cublas_expert_tflops" in c) == ("cublas_expert" in checked) == (c["T"] >= 16)
+    assert "8 cases, 0 errors, 0 skipped" in out
+    assert "| shape | T | bucket |" in out
 
 
 def test_round_order_puts_every_method_in_every_place():

@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""Benchmark generated/moe.py (fused MoE) against torch's grouped GEMM on one GPU (H200).
+
+    python3 bench/moe.py                         # the H200 run (well under 5 minutes)
+    python3 bench/moe.py --cpu-smoke --hw h200   # tiny fp16 shapes in Triton's interpreter
+
+Shapes (bf16, renormalized top-k routing from fp32 logits):
+  qwen36   Qwen3.6-35B-A3B from specs/models/qwen36.toml: hidden_size and moe_intermediate_size,
+           num_experts, top_k (the values used are printed: the spec's hidden_size is the seed's
+           deployment figure 3584, where the model card gives 2048; the expert intermediate 512
+           is the card's)
+  e128     128 experts, hidden 2048, expert intermediate 768, top-8
+and T = 1, 4, 16, 64, 256, 1024, 4096, 16384 tokens each.  Methods, all on the same logits:
+  ours     topk_softmax + fused_moe (alignment inside: routing and alignment included)
+  grouped  torch.softmax + topk, a stable argsort by expert with bincount offsets, the gathered
+           rows through torch._grouped_mm twice (else, where this torch lacks it, a per-expert
+           torch.matmul loop), SiLU-and-mul between, the weighted rows summed per token
+  cublas   (T >= 4096, the prefill target) torch.matmul of one expert's two GEMMs at the
+           per-expert shape, T * k / E rows, and at all T * k rows (dense, the same FLOPs)
+Each method is first checked against an fp32 per-expert reference on the same routing (relative
+error < 2e-2, else the run fails), then timed as GPU time (bench/timing.py's gpu_ms: median of
+runs, L2 flushed before each, launch time off the clock) in interleaved rounds.  Reported: time,
+the bytes of the activated experts' weights (each expert some token routes to, w1 and w2) read
+per second as a fraction of a device copy's bandwidth (read + write, 512 MiB), and TFLOP/s
+(6 * T * k * H * I useful FLOPs).  JSON to $OUT/moe.json when $OUT is set (or --json PATH),
+rewritten after every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import tomllib
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes in the interpreter")
+    p.add_argument("--hw", default=None, help="hardware spec name (default: detect the device)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds per case (default 4)")
+    p.add_argument("--budget-s", type=float, default=240.0, help="soft budget: later cases are skipped past it")
+    p.add_argument("--json", default=None, help="JSON path (default $OUT/moe.json)")
+    return p.parse_args()
+
+
+ARGS = parse()
+SMOKE = ARGS.cpu_smoke
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    if ARGS.hw is None:
+        sys.exit("--cpu-smoke needs --hw NAME (a hardware spec name, e.g. h200)")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
+from generated import moe as M  # noqa: E402
+from generated.dispatch import target_name  # noqa: E402
+
+T0 = time.perf_counter()
+DEV = "cpu" if SMOKE else "cuda"
+DT = torch.float16 if SMOKE else torch.bfloat16
+TOKENS = [1, 16, 40, 600] if SMOKE else [1, 4, 16, 64, 256, 1024, 4096, 16384]
+PREFILL = 16 if SMOKE else 4096  # T from which the cuBLAS comparison runs
+TOL = 2e-2
+RES: dict = {"meta": {}, "copy": {}, "shapes": {}, "cases": [], "errors": [], "skipped": []}
+
+
+def log(*a) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
+
+
+def sync() -> None:
+    if not SMOKE:
+        torch.cuda.synchronize()
+
+
+def bench_ms(fn) -> float:
+    return cpu_ms(fn) if SMOKE else gpu_ms(fn, reps=50)
+
+
+def json_path() -> str | None:
+    if ARGS.json:
+        return ARGS.json
+    out = os.environ.get("OUT")
+    return os.path.join(out, "moe.json") if out else None
+
+
+def write_json() -> None:
+    p = json_path()
+    if not p:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+    RES["meta"]["elapsed_s"] = round(time.perf_counter() - T0, 1)
+    with open(p + ".tmp", "w") as f:
+        json.dump(RES, f, indent=1, default=str)
+    os.replace(p + ".tmp", p)
+
+
+# ---------------------------------------------------------------------------------------
+# Shapes
+
+
+def shapes() -> dict[str, dict]:
+    spec = tomllib.loads((ROOT / "specs" / "models" / "qwen36.toml").read_text())
+    if SMOKE:
+        return {
+            "qwen36": dict(E=16, H=96, I=32, k=2, note="smoke: a tiny stand-in for the qwen36 shape"),
+            "e128": dict(E=8, H=64, I=48, k=2, note="smoke: a tiny stand-in for the e128 shape"),
+        }
+    return {
+        "qwen36": dict(
+            E=spec["num_experts"],
+            H=spec["hidden_size"],
+            I=spec["moe_intermediate_size"],
+            k=spec["top_k"],
+            note=(
+                f"{spec['display_name']} from specs/models/qwen36.toml: hidden_size {spec['hidden_size']} (the spec's"
+                " seed figure; the model card gives 2048), moe_intermediate_size"
+                f" {spec['moe_intermediate_size']} (the card's), {spec['num_experts']} experts, top-{spec['top_k']}"
+            ),
+        ),
+        "e128": dict(E=128, H=2048, I=768, k=8, note="128 experts, hidden 2048, expert intermediate 768, top-8"),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Methods
+
+
+def has_grouped_mm() -> bool:
+    """torch._grouped_mm exists and runs here on a 2-D x 3-D problem with an empty group."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        a = torch.randn(24, 32, device=DEV).to(DT)
+        b = torch.randn(3, 48, 32, device=DEV).to(DT).transpose(1, 2)
+        offs = torch.tensor([8, 8, 24], dtype=torch.int32, device=DEV)
+        got = torch._grouped_mm(a, b, offs=offs)
+        want = torch.cat([a[:8] @ b[0], a[8:] @ b[2]])
+        return rel_err(got, want.float()) < 1e-2
+    except Exception as e:  # noqa: BLE001
+        log(f"torch._grouped_mm unusable here ({type(e).__name__}: {str(e)[:200]}): per-expert loop instead")
+        return False
+
+
+def torch_route(logits, k):
+    """torch's router: softmax in fp32, top-k, renormalized."""
+    weights, ids = torch.softmax(logits, dim=-1, dtype=torch.float32).topk(k, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+def grouped_fn(x, w1, w2, logits, k, use_grouped_mm):
+    """torch's own routed MoE: softmax top-k, stable sort by expert, grouped GEMMs, weighted sum."""
+    T, H = x.shape
+    E, two_i, _ = w1.shape
+    inter = two_i // 2
+    w1t, w2t = w1.transpose(1, 2), w2.transpose(1, 2)  # [E, H, 2I], [E, I, H]: column-major B
+
+    def run():
+        weights, ids = torch_route(logits, k)
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=E)
+        rows = x[order // k]
+        if use_grouped_mm:
+            offs = counts.cumsum(0).to(torch.int32)
+            gu = torch._grouped_mm(rows, w1t, offs=offs)
+        else:
+            ends = counts.cumsum(0).tolist()
+            gu = torch.cat([rows[s:e] @ w1t[g] for g, (s, e) in enumerate(zip([0] + ends[:-1], ends))])
+        h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        if use_grouped_mm:
+            y = torch._grouped_mm(h, w2t, offs=offs)
+        else:
+            y = torch.cat([h[s:e] @ w2t[g] for g, (s, e) in enumerate(zip([0] + ends[:-1], ends))])
+        y = y * weights.flatten()[order, None].to(y.dtype)
+        unsorted = torch.empty_like(y).index_copy_(0, order, y)
+        return unsorted.view(T, k, H).sum(1)
+
+    return run
+
+
+def reference(x, w1, w2, weights, ids) -> torch.Tensor:
+    """fp32, expert by expert, on the given routing."""
+    xf = x.float()
+    inter = w2.shape[2]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    ids_cpu = ids.cpu()
+    for e in ids_cpu.unique().tolist():
+        t, j = (ids_cpu == e).nonzero(as_tuple=True)
+        t, j = t.to(x.device), j.to(x.device)
+        gu = xf[t] @ w1[e].float().T
+        h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        out.index_add_(0, t, weights[t, j, None].float() * (h @ w2[e].float().T))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Phases
+
+
+def phase_meta(hw) -> None:
+    m = RES["meta"]
+    m.update(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        smoke=SMOKE,
+        dtype=str(DT),
+        argv=sys.argv[1:],
+        target=hw,
+    )
+    if SMOKE:
+        m["device"] = "cpu (TRITON_INTERPRET=1)"
+    else:
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        m.update(device=p.name, cc=f"{p.major}.{p.minor}", sm_count=p.multi_processor_count)
+    log(
+        f"{m['date']}  python {m['python']}  torch {torch.__version__}  triton {triton.__version__}  cuda {torch.version.cuda}"
+    )
+    log(f"device {m['device']} -> target {hw!r}" + (" (--hw)" if ARGS.hw else " (detected)"))
+    for b in M.buckets(hw, DT, DEV):
+        v = b.variant
+        log(f"bucket {b.name:8s} {v.name}")
+
+
+def phase_copy() -> None:
+    n = (1 << 17) if SMOKE else (1 << 28)  # elements of 2 bytes: 512 MiB read + 512 MiB written
+    src = torch.randn(n, device=DEV).to(DT)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    moved = 2 * n * src.element_size()
+    RES["copy"] = {"bytes": moved, "us": round(ms * 1e3, 2), "tbps": moved / (ms * 1e-3) / 1e12}
+    log(f"device copy: {moved / 2**20:.0f} MiB moved in {ms * 1e3:.1f} us -> {RES['copy']['tbps']:.3f} TB/s")
+
+
+def check(name, got, ref, case) -> None:
+    err = rel_err(got, ref)
+    case.setdefault("errors_vs_ref", {})[name] = err
+    if not err < TOL:
+        raise AssertionError(f"{name}: relative error {err:.3e} against the fp32 reference (limit {TOL})")
+
+
+def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
+    E, H, inter, k = s["E"], s["H"], s["I"], s["k"]
+    g = torch.Generator(device=DEV).manual_seed(T)
+    x = torch.randn(T, H, device=DEV, generator=g).to(DT)
+    w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
+    w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
+    logits = torch.randn(T, E, device=DEV, generator=g)
+    bucket = M.select(T, dtype=DT, hw=hw, device=DEV)
+    case = {"shape": shape_name, "T": T, "bucket": bucket.name, "kernels": bucket.variant.name}
+
+    def ours():
+        weights, ids = M.topk_softmax(logits, k, True)
+        return M.fused_moe(x, w1, w2, weights, ids, hw=hw)
+
+    base = grouped_fn(x, w1, w2, logits, k, use_grouped_mm)
+    # Correct first, each against the reference on its own routing (the two routers agree but
+    # for probabilities that round equal, which they may order differently).
+    weights, ids = M.topk_softmax(logits, k, True)
+    check("ours", ours(), reference(x, w1, w2, weights, ids), case)
+    tw, ti = torch_route(logits, k)
+    grouped_ref = reference(x, w1, w2, tw, ti)
+    case["grouped_method"] = "torch._grouped_mm" if use_grouped_mm else "per-expert torch.matmul loop"
+    try:
+        check("grouped", base(), grouped_ref, case)
+    except Exception as e:  # noqa: BLE001
+        if not use_grouped_mm:
+            raise
+        # A routing torch._grouped_mm refuses or gets wrong: the loop, and the reason, recorded.
+        case["grouped_method"] = f"per-expert torch.matmul loop (torch._grouped_mm: {type(e).__name__}: {str(e)[:200]})"
+        log(f"{shape_name} T={T}: {case['grouped_method']}")
+        base = grouped_fn(x, w1, w2, logits, k, False)
+        check("grouped", base(), grouped_ref, case)
+    case["tokens_routed_differently"] = int((ids.long().sort(-1).values != ti.sort(-1).values).any(-1).sum())
+    methods = {"ours": ours, "grouped": base}
+    m_e = max(1, T * k // E)  # rows an expert gets on average
+    if T >= PREFILL:
+        a_e = torch.randn(m_e, H, device=DEV).to(DT)
+        h_e = torch.randn(m_e, inter, device=DEV).to(DT)
+        a_all = torch.randn(T * k, H, device=DEV).to(DT)
+        h_all = torch.randn(T * k, inter, device=DEV).to(DT)
+
+        def cublas_expert():
+            return torch.matmul(a_e, w1[0].T), torch.matmul(h_e, w2[0].T)
+
+        def cublas_dense():
+            return torch.matmul(a_all, w1[0].T), torch.matmul(h_all, w2[0].T)
+
+        for name, fn, a, h in (
+            ("cublas_expert", cublas_expert, a_e, h_e),
+            ("cublas_dense", cublas_dense, a_all, h_all),
+        ):
+            up, down = fn()
+            check(name, torch.cat([up.flatten(), down.flatten()]),
+                  torch.cat([(a.float() @ w1[0].float().T).flatten(), (h.float() @ w2[0].float().T).flatten()]), case)  # fmt: skip
+            methods[name] = fn
+    sync()
+    timed = interleaved(methods, 1 if SMOKE else ARGS.rounds, "ours", bench_ms)
+    ms = {n: t["ms"] for n, t in timed.items()}
+    used = ids.unique().numel()
+    weight_bytes = used * 3 * H * inter * x.element_size()
+    flops = 6 * T * k * H * inter
+    copy = RES["copy"]["tbps"]
+    case.update(
+        experts_used=used,
+        weight_bytes=weight_bytes,
+        ours_us=ms["ours"] * 1e3,
+        ours_weight_tbps=weight_bytes / (ms["ours"] * 1e-3) / 1e12,
+        ours_tflops=flops / (ms["ours"] * 1e-3) / 1e12,
+        grouped_us=ms["grouped"] * 1e3,
+        grouped_tflops=flops / (ms["grouped"] * 1e-3) / 1e12,
+        # grouped time / ours, the median over rounds (interleaved's ratio is ours / grouped).
+        ours_vs_grouped=1 / timed["grouped"]["ratio"],
+    )
+    case["ours_weight_frac_copy"] = case["ours_weight_tbps"] / copy
+    for name, rows in (("cublas_expert", m_e), ("cublas_dense", T * k)):
+        if name in ms:
+            case[f"{name}_rows"] = rows
+            case[f"{name}_tflops"] = 6 * rows * H * inter / (ms[name] * 1e-3) / 1e12
+            case[f"ours_vs_{name}_tflops"] = case["ours_tflops"] / case[f"{name}_tflops"]
+    return case
+
+
+def fmt(v, spec) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(cases) -> None:
+    head = "| shape | T | bucket | ours us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
+    print("\n" + head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for c in cases:
+        print(
+            f"| {c['shape']} | {c['T']} | {c['bucket']} | {fmt(c.get('ours_us'), '.1f')} | {fmt(c.get('ours_weight_tbps'), '.3f')}"
+            f" | {fmt(c.get('ours_weight_frac_copy'), '.2f')} | {fmt(c.get('ours_tflops'), '.1f')} | {fmt(c.get('grouped_us'), '.1f')}"
+            f" | {fmt(c.get('ours_vs_grouped'), '.2f')}x | {fmt(c.get('cublas_expert_tflops'), '.1f')}"
+            f" | {fmt(c.get('ours_vs_cublas_expert_tflops'), '.2f')} | {fmt(c.get('cublas_dense_tflops'), '.1f')} |"
+        )
+
+
+def main() -> int:
+    hw = target_name(ARGS.hw)
+    phase_meta(hw)
+    phase_copy()
+    use_grouped_mm = has_grouped_mm()
+    RES["meta"]["grouped_baseline"] = "torch._grouped_mm" if use_grouped_mm else "per-expert torch.matmul loop"
+    log(f"grouped baseline: {RES['meta']['grouped_baseline']}")
+    for name, s in shapes().items():
+        RES["shapes"][name] = s
+        log(f"shape {name}: E={s['E']} H={s['H']} I={s['I']} top-{s['k']} ({s['note']})")
+        for T in TOKENS:
+            if time.perf_counter() - T0 > ARGS.budget_s:
+                RES["skipped"].append(f"{name} T={T} (budget)")
+                log(f"skipped {name} T={T}: past the {ARGS.budget_s:.0f} s budget")
+                continue
+            try:
+                case = measure(name, s, T, use_grouped_mm, hw)
+                RES["cases"].append(case)
+                log(
+                    f"{name} T={T:5d} {case['bucket']:8s} ours {case['ours_us']:9.1f} us"
+                    f" ({case['ours_weight_frac_copy']:.2f} of copy, {case['ours_tflops']:.1f} TFLOP/s),"
+                    f" grouped {case['grouped_us']:9.1f} us, ours {case['ours_vs_grouped']:.2f}x"
+                )
+            except Exception as e:  # noqa: BLE001
+                RES["errors"].append(
+                    {
+                        "case": f"{name} T={T}",
+                        "error": f"{type(e).__name__}: {e}",
+                        "traceback": traceback.format_exc()[-3000:],
+                    }
+                )
+                log(f"ERROR {name} T={T}: {type(e).__name__}: {str(e)[:300]}")
+            finally:
+                if not SMOKE:
+                    torch.cuda.empty_cache()
+            write_json()
+    table(RES["cases"])
+    write_json()
+    log(f"{len(RES['cases'])} cases, {len(RES['errors'])} errors, {len(RES['skipped'])} skipped")
+    return 1 if RES["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

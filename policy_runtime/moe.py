@@ -1,0 +1,677 @@
+"""The hand-written half of generated/moe.py: fused MoE's kernel bodies and host side.
+
+generated/moe.py (templates/moe.py.j2) holds what varies with the specs: per distinct bucket
+config of the ``moe_launch`` policy one pair of small ``@triton.jit`` kernels (the up GEMM and
+the down GEMM), which call a body below with the config's constants baked in, and its
+``Variant`` record; each target's buckets and selector; the tables by dtype and target; and the
+public functions, which hand those tables to a ``MoE`` (below).  Everything else is here.
+
+Kernel kinds (the ``kernel`` field of a bucket):
+
+``grouped``  vLLM's structure.  ``moe_align_block_size`` sorts the T * k routed rows (token t's
+             j-th expert is flat row ``t * k + j``) by expert, stably, each expert's rows padded
+             to a multiple of ``block_size_m``; a tile of the up GEMM is ``block_size_m`` rows of
+             one expert (gathered rows of hidden_states) against ``block_size_n`` columns of both
+             halves of that expert's w1, with SiLU(gate) * up in the epilogue (one rounding,
+             written per flat row); a tile of the down GEMM multiplies those rows by w2 and by
+             their routing weights.  Its weighted rows are then summed per token: with
+             ``fuse_sum`` by fp32 atomic adds into the output (an fp32 accumulator: the order of
+             the k additions varies from run to run), else written per flat row and summed in
+             slot order by a reduce kernel (deterministic).  Blocks past the aligned total, and
+             experts without tokens, launch no work: the grid has at most
+             ``T * k // block_size_m + min(E, T * k)`` row blocks.
+``gemv``     decode: no alignment.  The up kernel computes one flat row per program (a
+             ``block_size_n``-column slab of both halves of its expert's w1), the down kernel one
+             token per program, summing its k experts' weighted products in slot order
+             (``fuse_sum`` always, deterministic).  The row rides in a 16-row tensor-core tile
+             (the rest zero) so that Triton pipelines the weight loads: at a few tokens the GEMMs
+             stream weights, and two launches replace four or five.
+
+Arithmetic is fp32; the up GEMM's activation is rounded once to the input dtype (as vLLM's
+intermediate cache), the output once.  Index arithmetic that reaches into the weights or the
+routed rows is 64-bit.  Names keep their leading underscore where they are the kernel module's
+internals, not API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import launch as _launch
+
+# Activations of the up GEMM's gate half, as vLLM's fused_moe names them.
+_ACTIVATIONS = {"silu": 0, "gelu": 1}
+_INDEX_DTYPES = (torch.int32, torch.int64)
+# Experts and top-k are held in one program's registers (padded to powers of two).
+_MAX_EXPERTS = 4096
+# Elements a program of the alignment kernels scans at a time, and of the reduce kernel sums
+# (up to 1024 columns of one token, or as many tokens as make 1024 elements).
+_ALIGN_BLOCK = 1024
+_SUM_BLOCK = 1024
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel bodies: generated/moe.py's specialized kernels call these with their constants.
+
+
+# Helpers are written out in each body rather than called: in Triton's interpreter (the CPU
+# tests) every call of a jit function costs more than the arithmetic it saves.
+
+
+@triton.jit
+def _grouped_up(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_m_blocks,
+                N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_hm,
+                stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    # h[row] = act(x[row // k] @ w[e, :N].T) * (x[row // k] @ w[e, N:].T) for the flat rows of
+    # one aligned block (one expert e), BLOCK_N columns of each half.  grid = (blocks * N tiles,).
+    # Grouped order: GROUP_M row blocks walked column by column, so consecutive programs share an
+    # expert's columns in L2 (a large call gives one expert several consecutive blocks).
+    group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    first_m = (tl.program_id(0) // group) * GROUP_M
+    group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (tl.program_id(0) % group) % group_m
+    pid_n = (tl.program_id(0) % group) // group_m
+    if pid_m * BLOCK_M < tl.load(post_pad_ptr):
+        tok = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = tok < numel  # padding rows hold numel
+        expert = tl.load(experts_ptr + pid_m).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = (offs_n % N).to(tl.int64)  # wrapped: every weight load is in bounds, stores masked
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = x_ptr + (tok // top_k).to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        u_ptrs = g_ptrs + N * stride_wn
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                g = tl.load(g_ptrs)
+                u = tl.load(u_ptrs)
+            else:
+                k_ok = offs_k < K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+                u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+            acc_g = tl.dot(a, g, acc_g, input_precision=DOT_PREC)
+            acc_u = tl.dot(a, u, acc_u, input_precision=DOT_PREC)
+            a_ptrs += BLOCK_K * stride_xk
+            g_ptrs += BLOCK_K * stride_wk
+            u_ptrs += BLOCK_K * stride_wk
+        if ACT == 0:
+            h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate) * up
+        else:
+            h = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476)) * acc_u  # GELU (erf)
+        h_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_n[None, :] * stride_hn
+        tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _grouped_down(h_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel,
+                  num_m_blocks, N, K, top_k, stride_hm, stride_hk, stride_we, stride_wn, stride_wk,
+                  stride_om, stride_on, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  DOT_PREC: tl.constexpr, FUSE_SUM: tl.constexpr):
+    # weights[row] * (h[row] @ w[e].T) for the flat rows of one aligned block, BLOCK_N columns:
+    # FUSE_SUM adds it into out[row // k] (fp32, atomically), else writes out[row].
+    # Grouped order: GROUP_M row blocks walked column by column, so consecutive programs share an
+    # expert's columns in L2 (a large call gives one expert several consecutive blocks).
+    group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    first_m = (tl.program_id(0) // group) * GROUP_M
+    group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (tl.program_id(0) % group) % group_m
+    pid_n = (tl.program_id(0) % group) // group_m
+    if pid_m * BLOCK_M < tl.load(post_pad_ptr):
+        tok = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = tok < numel
+        expert = tl.load(experts_ptr + pid_m).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = (offs_n % N).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
+        b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                b = tl.load(b_ptrs)
+            else:
+                k_ok = offs_k < K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
+            a_ptrs += BLOCK_K * stride_hk
+            b_ptrs += BLOCK_K * stride_wk
+        acc = acc * tl.load(weights_ptr + tok, mask=valid, other=0.0).to(tl.float32)[:, None]
+        mask = valid[:, None] & (offs_n < N)[None, :]
+        if FUSE_SUM:
+            o_ptrs = out_ptr + (tok // top_k).to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+            tl.atomic_add(o_ptrs, acc, mask=mask, sem="relaxed")
+        else:
+            o_ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+            tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
+             stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+    # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1).
+    # The row is the first of a 16-row tile (the others masked to zero) so that the weight tiles
+    # feed tensor-core dots, which Triton pipelines num_stages deep: decode streams weights.
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    lane = tl.arange(0, 16)[:, None]
+    first = lane == 0
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + lane * 0 + offs_k[None, :] * stride_xk
+    g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    u_ptrs = g_ptrs + N * stride_wn
+    acc_g = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=first, other=0.0)
+            g = tl.load(g_ptrs)
+            u = tl.load(u_ptrs)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
+            g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+            u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+        acc_g = tl.dot(a, g, acc_g, input_precision=DOT_PREC)
+        acc_u = tl.dot(a, u, acc_u, input_precision=DOT_PREC)
+        a_ptrs += BLOCK_K * stride_xk
+        g_ptrs += BLOCK_K * stride_wk
+        u_ptrs += BLOCK_K * stride_wk
+    if ACT == 0:
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate) * up
+    else:
+        h = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476)) * acc_u  # GELU (erf)
+    h_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + offs_n[None, :] * stride_hn
+    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
+               stride_we, stride_wn, stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+    # One token t per program (axis 0), BLOCK_N output columns (axis 1): the sum over its k
+    # experts of weight * (h[t * k + j] @ w[e].T), in slot order, in one flat loop over (j, K);
+    # the row padded to a 16-row tile as in _gemv_up, each step's product weighted in fp32.
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    lane = tl.arange(0, 16)[:, None]
+    first = lane == 0
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for it in range(0, top_k * k_tiles):
+        r = t * top_k + it // k_tiles
+        k0 = (it % k_tiles) * BLOCK_K
+        expert = tl.load(ids_ptr + r).to(tl.int64)
+        weight = tl.load(weights_ptr + r).to(tl.float32)
+        a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + (k0 + offs_k)[None, :] * stride_hk
+        b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=first, other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc += weight * tl.dot(a, b, input_precision=DOT_PREC)
+    o_ptrs = out_ptr + t.to(tl.int64) * stride_om + lane * 0 + offs_n[None, :] * stride_on
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels launched as they are: the reduce of unfused weighted rows, alignment, routing.
+
+
+@triton.jit(do_not_specialize=["T"])
+def _sum_rows(rows_ptr, out_ptr, T, N, top_k, stride_rm, stride_om, stride_on, BLOCK_T: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    # out[t] = sum over j < k of rows[t * k + j], in slot order, fp32; BLOCK_T tokens and BLOCK_N
+    # columns a program: grid = (T tiles, N tiles).
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (t < T)[:, None] & (offs < N)[None, :]
+    row = t.to(tl.int64) * top_k
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    for j in range(0, top_k):
+        ptrs = rows_ptr + (row + j)[:, None] * stride_rm + offs[None, :]
+        acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    o_ptrs = out_ptr + t.to(tl.int64)[:, None] * stride_om + offs[None, :] * stride_on
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["numel"])
+def _align_count(ids_ptr, counts_ptr, numel, BLOCK: tl.constexpr):
+    # counts[e] = how many of the numel flat ids are e; one program per expert.
+    e = tl.program_id(0)
+    hits = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, numel, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)
+        hits += (ids == e).to(tl.int32)
+    tl.store(counts_ptr + e, tl.sum(hits, axis=0))
+
+
+@triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks"])
+def _align_scatter(ids_ptr, counts_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts,
+                   block_size, max_padded, max_blocks, E_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    # One program per expert e: its padded range starts after the padded counts of the experts
+    # before it; its flat ids go there in order (a running prefix sum over the ids), then its
+    # padding (numel) and its blocks' expert id.  Each program also fills 1/E of the tail past
+    # the padded total (numel in sorted ids, 0 in expert ids); program 0 stores the total.
+    e = tl.program_id(0)
+    ex = tl.arange(0, E_BLOCK)
+    counts = tl.load(counts_ptr + ex, mask=ex < num_experts, other=0)
+    padded = (counts + block_size - 1) // block_size * block_size
+    total = tl.sum(padded, axis=0)
+    start = tl.sum(tl.where(ex < e, padded, 0), axis=0)
+    count = tl.load(counts_ptr + e)
+    end = start + (count + block_size - 1) // block_size * block_size
+    lanes = tl.arange(0, BLOCK)
+    run = start
+    for s in range(0, numel, BLOCK):
+        offs = s + lanes
+        hit = (tl.load(ids_ptr + offs, mask=offs < numel, other=-1) == e).to(tl.int32)
+        tl.store(sorted_ptr + run + tl.cumsum(hit, axis=0) - hit, offs, mask=hit != 0)
+        run += tl.sum(hit, axis=0)
+    pad = tl.zeros((BLOCK,), dtype=tl.int32) + numel
+    for p in range(start + count, end, BLOCK):
+        tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < end)
+    mine = tl.zeros((BLOCK,), dtype=tl.int32) + e
+    for b in range(start // block_size, end // block_size, BLOCK):
+        tl.store(experts_ptr + b + lanes, mine, mask=b + lanes < end // block_size)
+    share = (max_padded - total + num_experts - 1) // num_experts
+    lo = total + e * share
+    hi = tl.minimum(lo + share, max_padded)
+    for p in range(lo, hi, BLOCK):
+        tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < hi)
+    first_block = total // block_size
+    share = (max_blocks - first_block + num_experts - 1) // num_experts
+    lo = first_block + e * share
+    hi = tl.minimum(lo + share, max_blocks)
+    for b in range(lo, hi, BLOCK):
+        tl.store(experts_ptr + b + lanes, tl.zeros((BLOCK,), dtype=tl.int32), mask=b + lanes < hi)
+    if e == 0:
+        tl.store(post_pad_ptr, total)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le,
+                         RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr,
+                         K_BLOCK: tl.constexpr):
+    # BLOCK_T tokens per program: softmax over the E logits in fp32, then k times the largest
+    # remaining probability (the lowest expert index among equals).
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ex = tl.arange(0, E_BLOCK)
+    in_t = rows < T
+    in_e = ex < E
+    x = tl.load(
+        logits_ptr + rows.to(tl.int64)[:, None] * stride_lt + ex[None, :] * stride_le,
+        mask=in_t[:, None] & in_e[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    x = tl.where(in_e[None, :], x, float("-inf"))
+    p = tl.exp(x - tl.max(x, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    p = tl.where(in_e[None, :], p, -2.0)  # padding columns are never picked
+    kk = tl.arange(0, K_BLOCK)
+    vals = tl.zeros((BLOCK_T, K_BLOCK), dtype=tl.float32)
+    idx = tl.zeros((BLOCK_T, K_BLOCK), dtype=tl.int32)
+    for j in range(0, k):
+        best, at = tl.max(p, axis=1, return_indices=True, return_indices_tie_break_left=True)
+        vals = tl.where(kk[None, :] == j, best[:, None], vals)
+        idx = tl.where(kk[None, :] == j, at[:, None], idx)
+        p = tl.where(ex[None, :] == at[:, None], -1.0, p)
+    if RENORMALIZE:
+        vals = vals / tl.sum(vals, axis=1)[:, None]
+    offs = rows.to(tl.int64)[:, None] * k + kk[None, :]
+    mask = in_t[:, None] & (kk < k)[None, :]
+    tl.store(weights_ptr + offs, vals, mask=mask)
+    tl.store(ids_ptr + offs, idx, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------
+# Records of the generated kernels and buckets.
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One pair of specialized kernels of generated/moe.py and the constants they were generated
+    with (``up``: the first GEMM with the activation, ``down``: the second with the weights)."""
+
+    up: Any
+    down: Any
+    kind: str
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    fuse_sum: bool
+
+    @property
+    def name(self) -> str:
+        return self.up.__name__.removesuffix("_up")
+
+    def run(
+        self,
+        x: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        out: torch.Tensor,
+        act: int,
+        num_experts: int,
+    ) -> None:
+        """out[t] = sum_j weights[t, j] * act-and-mul(x[t] @ w1[e].T) @ w2[e].T, e = ids[t, j],
+        for checked, non-empty operands (``weights`` and ``ids`` flat and contiguous)."""
+        T, H = x.shape
+        inter = w2.shape[2]
+        numel = weights.numel()
+        k = numel // T
+        h = torch.empty((numel, inter), dtype=x.dtype, device=x.device)
+        opts = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.kind == "gemv":
+            self.up[(numel, triton.cdiv(inter, self.block_n))](
+                x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
+                act, H % self.block_k == 0, **opts,
+            )  # fmt: skip
+            self.down[(T, triton.cdiv(H, self.block_n))](
+                h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
+                inter % self.block_k == 0, **opts,
+            )  # fmt: skip
+            return
+        sorted_ids, expert_ids, post_pad = _align(ids, self.block_m, num_experts)
+        # Row blocks that can hold rows: each expert's full blocks, plus one partial block for
+        # each expert that has any.  Past it (and past post_pad) nothing is launched or done.
+        blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
+        self.up[(blocks * triton.cdiv(inter, self.block_n),)](
+            x, w1, h, sorted_ids, expert_ids, post_pad, numel, blocks, inter, H, k,
+            x.stride(0), x.stride(1), *w1.stride(), *h.stride(), act, H % self.block_k == 0, **opts,
+        )  # fmt: skip
+        grid = (blocks * triton.cdiv(H, self.block_n),)
+        if self.fuse_sum:
+            acc = out.zero_() if out.dtype == torch.float32 else torch.zeros((T, H), dtype=torch.float32, device=x.device)
+            self.down[grid](
+                h, w2, acc, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
+                *h.stride(), *w2.stride(), *acc.stride(), inter % self.block_k == 0, **opts,
+            )  # fmt: skip
+            if acc is not out:
+                out.copy_(acc)
+            return
+        # One expert a token: its weighted row is the token's output.
+        rows = out if k == 1 else torch.empty((numel, H), dtype=x.dtype, device=x.device)
+        self.down[grid](
+            h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
+            *h.stride(), *w2.stride(), *rows.stride(), inter % self.block_k == 0, **opts,
+        )  # fmt: skip
+        if k > 1:
+            block_n = min(_SUM_BLOCK, _launch._pow2ceil(H))
+            block_t = _SUM_BLOCK // block_n
+            _sum_rows[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
+                rows, out, T, H, k, rows.stride(0), out.stride(0), out.stride(1),
+                BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
+            )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket of a policy: its name and its kernels."""
+
+    name: str
+    variant: Variant
+
+
+# A target's policy for one dtype: its buckets in order, and the function that picks one for T.
+Policy = tuple[tuple[Bucket, ...], Callable[[int], Bucket]]
+
+
+# ---------------------------------------------------------------------------------------
+# Checks on a call (every problem a ValueError naming the argument).
+
+
+def _fail(op: str, message: str) -> None:
+    raise ValueError(f"{op}: {message}")
+
+
+def _tensor(op: str, name: str, t: Any, dims: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        _fail(op, f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        _fail(op, f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    return t
+
+
+def _same_device(op: str, name: str, t: torch.Tensor, first: torch.Tensor, first_name: str) -> None:
+    if t.device != first.device:
+        _fail(op, f"{name} is on {t.device} but {first_name} is on {first.device}")
+
+
+def _runnable(op: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_cuda and not _launch._INTERPRET:
+        _fail(op, f"{name} must be a CUDA tensor (got {t.device}); TRITON_INTERPRET=1 runs the kernels on the CPU")
+
+
+def _index_tensor(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in _INDEX_DTYPES:
+        _fail(op, f"{name} must be int32 or int64, got {t.dtype}")
+
+
+def _experts_count(op: str, name: str, n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= _MAX_EXPERTS:
+        _fail(op, f"{name} must be an int from 1 to {_MAX_EXPERTS}, got {n!r}")
+    return n
+
+
+def _check_fused(
+    x: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any, out: Any, dtypes: Any
+) -> tuple[int, int, int, int, int]:
+    """(T, H, I, E, k) of a valid fused_moe call."""
+    op = "fused_moe"
+    x = _tensor(op, "hidden_states", x, 2)
+    T, H = x.shape
+    if x.dtype not in dtypes:
+        _fail(op, f"hidden_states must be float16, bfloat16 or float32, got {x.dtype}")
+    w1 = _tensor(op, "w1", w1, 3)
+    E, two_i, h1 = w1.shape
+    if h1 != H or two_i % 2:
+        _fail(op, f"w1 must be [E, 2 * I, H] with H = {H} (hidden_states' columns), got {tuple(w1.shape)}")
+    w2 = _tensor(op, "w2", w2, 3)
+    if tuple(w2.shape) != (E, H, two_i // 2):
+        _fail(op, f"w2 must be [E, H, I] = {(E, H, two_i // 2)} to match w1 {tuple(w1.shape)}, got {tuple(w2.shape)}")
+    if E == 0:
+        _fail(op, "w1 and w2 have no experts")
+    for name, w in (("w1", w1), ("w2", w2)):
+        if w.dtype != x.dtype:
+            _fail(op, f"{name} must have hidden_states' dtype {x.dtype}, got {w.dtype}")
+    topk_weights = _tensor(op, "topk_weights", topk_weights, 2)
+    topk_ids = _tensor(op, "topk_ids", topk_ids, 2)
+    if topk_weights.shape[0] != T or topk_weights.shape[1] < 1:
+        _fail(op, f"topk_weights must be [T, k] with T = {T} and k >= 1, got {tuple(topk_weights.shape)}")
+    if topk_ids.shape != topk_weights.shape:
+        _fail(op, f"topk_ids must have topk_weights' shape {tuple(topk_weights.shape)}, got {tuple(topk_ids.shape)}")
+    if not topk_weights.is_floating_point():
+        _fail(op, f"topk_weights must be a float tensor, got {topk_weights.dtype}")
+    _index_tensor(op, "topk_ids", topk_ids)
+    if activation not in _ACTIVATIONS:
+        _fail(op, f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    named = [("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)]
+    if out is not None:
+        out = _tensor(op, "out", out, 2)
+        if tuple(out.shape) != (T, H):
+            _fail(op, f"out must have shape {(T, H)}, got {tuple(out.shape)}")
+        if out.dtype != x.dtype:
+            _fail(op, f"out must have hidden_states' dtype {x.dtype}, got {out.dtype}")
+        if H > 1 and T > 1 and (out.stride(1) != 1 or out.stride(0) < H):
+            _fail(op, f"out must have unit column stride and rows that do not overlap, got strides {out.stride()}")
+        named.append(("out", out))
+    for name, t in named:
+        _same_device(op, name, t, x, "hidden_states")
+    _runnable(op, "hidden_states", x)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w1, w2, topk_weights)):
+        _fail(op, "an input requires grad, and the kernels have no backward")
+    return T, H, two_i // 2, E, topk_ids.shape[1]
+
+
+def _guarded(t: torch.Tensor):
+    """A context that launches on ``t``'s device when it is not the current one."""
+    if t.is_cuda and torch.cuda.device_count() > 1 and t.get_device() != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _NoGuard()
+
+
+class _NoGuard:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Alignment and routing (no policy: one launch shape for every target).
+
+
+def _align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Checked, flat, contiguous ids.
+    numel = ids.numel()
+    max_padded = numel + num_experts * (block_size - 1)
+    max_blocks = triton.cdiv(max_padded, block_size)
+    device = ids.device
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
+    post_pad = torch.empty(1, dtype=torch.int32, device=device)
+    counts = torch.empty(num_experts, dtype=torch.int32, device=device)
+    if _launch._FIRST_LAUNCH:
+        _launch._ready_triton()
+    _align_count[(num_experts,)](ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
+    _align_scatter[(num_experts,)](
+        ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
+        E_BLOCK=_launch._pow2ceil(num_experts), BLOCK=_ALIGN_BLOCK, num_warps=4,
+    )  # fmt: skip
+    return sorted_ids, expert_ids, post_pad
+
+
+def moe_align_block_size(topk_ids: Any, block_size_m: Any, num_experts: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's moe_align_block_size; generated/moe.py's docstring says what it returns."""
+    op = "moe_align_block_size"
+    if not isinstance(topk_ids, torch.Tensor):
+        _fail(op, f"topk_ids must be a tensor, got {type(topk_ids).__name__}")
+    _index_tensor(op, "topk_ids", topk_ids)
+    if isinstance(block_size_m, bool) or not isinstance(block_size_m, int) or block_size_m < 1:
+        _fail(op, f"block_size_m must be a positive int, got {block_size_m!r}")
+    _experts_count(op, "num_experts", num_experts)
+    if topk_ids.numel() >= 2**31 - num_experts * block_size_m:
+        _fail(op, f"topk_ids has {topk_ids.numel():,} elements; the int32 sorted ids need fewer")
+    _runnable(op, "topk_ids", topk_ids)
+    with _guarded(topk_ids):
+        return _align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
+
+
+def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's topk_softmax; generated/moe.py's docstring says what it returns."""
+    op = "topk_softmax"
+    x = _tensor(op, "gating_logits", gating_logits, 2)
+    if not x.is_floating_point():
+        _fail(op, f"gating_logits must be a float tensor, got {x.dtype}")
+    T, E = x.shape
+    _experts_count(op, "gating_logits' columns (experts)", E)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= E:
+        _fail(op, f"k must be an int from 1 to the {E} experts, got {k!r}")
+    if not isinstance(renormalize, bool):
+        _fail(op, f"renormalize must be a bool, got {renormalize!r}")
+    _runnable(op, "gating_logits", x)
+    weights = torch.empty((T, k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((T, k), dtype=torch.int32, device=x.device)
+    if T == 0:
+        return weights, ids
+    e_block = _launch._pow2ceil(E)
+    block_t = max(1, min(64, 4096 // e_block))
+    if _launch._FIRST_LAUNCH:
+        _launch._ready_triton()
+    with _guarded(x):
+        _topk_softmax_kernel[(triton.cdiv(T, block_t),)](
+            x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
+            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k), num_warps=4,
+        )  # fmt: skip
+    return weights, ids
+
+
+# ---------------------------------------------------------------------------------------
+# The entry points over one generated module's tables.
+
+
+@dataclass(frozen=True)
+class MoE:
+    """fused_moe, buckets and select of generated/moe.py, over its tables."""
+
+    # Variant name (moe_launch_16bit, ...) -> hardware spec name -> that target's policy.
+    policies: dict[str, dict[str, Policy]]
+    # Input dtype -> variant name; the dtypes a call may have.
+    variant_of_dtype: dict[torch.dtype, str]
+    # generated.dispatch.target_name: (hw, device) -> hardware spec name.
+    target_name: Callable[[Any, Any], str]
+
+    def policy(self, dtype: torch.dtype, hw: Any, device: Any) -> Policy:
+        if dtype not in self.variant_of_dtype:
+            _fail("fused_moe", f"dtype must be float16, bfloat16 or float32, got {dtype}")
+        return self.policies[self.variant_of_dtype[dtype]][self.target_name(hw, device)]
+
+    def buckets(self, dtype: torch.dtype, hw: Any, device: Any) -> tuple[Bucket, ...]:
+        return self.policy(dtype, hw, device)[0]
+
+    def select(self, T: int, dtype: torch.dtype, hw: Any, device: Any) -> Bucket:
+        return self.policy(dtype, hw, device)[1](T)
+
+    def fused_moe(
+        self,
+        x: Any,
+        w1: Any,
+        w2: Any,
+        topk_weights: Any,
+        topk_ids: Any,
+        activation: Any,
+        out: Any,
+        hw: Any,
+        variant: Optional[Variant] = None,
+    ) -> torch.Tensor:
+        """The fused MoE layer into out (or a new tensor), by the bucket's kernels for T (or by
+        ``variant``'s, for tests and benchmarks)."""
+        T, H, inter, E, k = _check_fused(x, w1, w2, topk_weights, topk_ids, activation, out, self.variant_of_dtype)
+        if variant is None:
+            variant = self.policy(x.dtype, hw, x.device)[1](T).variant
+        given = out is not None
+        if out is None:
+            out = torch.empty((T, H), dtype=x.dtype, device=x.device)
+        if T == 0 or H == 0:
+            return out
+        if inter == 0:
+            return out.zero_()
+        if _launch._FIRST_LAUNCH:
+            _launch._ready_triton()
+        weights = topk_weights.contiguous().view(-1)
+        ids = topk_ids.contiguous().view(-1)
+        with _guarded(x):
+            variant.run(x, w1, w2, weights, ids, out, _ACTIVATIONS[activation], E)
+        if given:
+            # A write autograd did not see: saved tensors that alias out now fail backward loudly.
+            torch.autograd.graph.increment_version(out)
+        return out

@@ -1,0 +1,119 @@
+"""Context of templates/moe.py.j2 (the fused-MoE family's context file, run by the compiler).
+
+From the generic context (codegen/context.py) of the bucketed ``moe_launch`` config: one pair of
+Triton kernels (up and down GEMM) per distinct kernel config, named after its constants (so a
+name never moves when a target or bucket is added elsewhere), each target's buckets in order
+with the kernels that serve them, and the dtype tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Record fields that become the kernels' constants (every field of a moe_launch record).
+KERNEL_FIELDS = (
+    "kernel",
+    "block_size_m",
+    "block_size_n",
+    "block_size_k",
+    "group_size_m",
+    "num_warps",
+    "num_stages",
+    "fuse_sum",
+)
+# Run-time dimensions of the buckets: spec name -> the selector's argument.
+DIM = {"t": "T"}
+
+
+def kernel_name(tag: str, c: dict[str, Any]) -> str:
+    """``_moe_16bit_grouped_16x64x64_g1_w4_s3_sum``: the kernels' constants, spelt out (the up and
+    down kernels add ``_up`` and ``_down``)."""
+    name = f"_moe_{tag}_{c['kernel']}_{c['block_size_m']}x{c['block_size_n']}x{c['block_size_k']}"
+    name += f"_g{c['group_size_m']}_w{c['num_warps']}_s{c['num_stages']}"
+    if c["fuse_sum"]:
+        name += "_sum"
+    return name
+
+
+def kernel_summary(c: dict[str, Any]) -> str:
+    """One line for the comment above a kernel pair: its structure and constants."""
+    if c["kernel"] == "gemv":
+        parts = [
+            f"gemv: one routed row a program in 16-row tiles, {c['block_size_n']} columns, K steps of {c['block_size_k']}"
+        ]
+    else:
+        parts = [
+            f"grouped {c['block_size_m']}x{c['block_size_n']}x{c['block_size_k']} tiles of aligned expert blocks",
+            f"groups of {c['group_size_m']} row blocks",
+        ]
+    parts += [f"{c['num_warps']} warps", f"{c['num_stages']} stage{'s' if c['num_stages'] > 1 else ''}"]
+    if c["kernel"] == "grouped":
+        parts.append("weighted sum by fp32 atomics" if c["fuse_sum"] else "weighted rows summed by a reduce")
+    else:
+        parts.append("weighted sum in the down kernel")
+    return ", ".join(parts) + "."
+
+
+def literal(value: Any) -> str:
+    """``value`` as a Python literal in black's style (a string in double quotes where that needs
+    no escape), for the statements the template lays out itself (``# fmt: skip``)."""
+    text = repr(value)
+    if isinstance(value, str) and text.startswith("'") and '"' not in value:
+        return '"' + text[1:-1] + '"'
+    return text
+
+
+def context(ctx: dict[str, Any]) -> dict[str, Any]:
+    kernels: dict[str, dict[str, Any]] = {}
+    policies = []
+    tables = []
+    for variant in ctx["configs"]["moe_launch"]["variants"].values():
+        tag = variant["name"].removeprefix("moe_launch_")
+        dtype_bytes = variant["params"]["dtype_bytes"]
+        selectors = {}
+        for inst in variant["instantiations"]:
+            pname = f"{tag}_{inst['suffix']}"
+            buckets = []
+            for b in inst["buckets"]:
+                consts = {f: b["record"][f] for f in KERNEL_FIELDS}
+                kname = kernel_name(tag, consts)
+                entry = kernels.setdefault(
+                    kname,
+                    {
+                        "name": kname,
+                        "kind": consts["kernel"],
+                        "c": consts,
+                        "dot_prec": "ieee" if dtype_bytes == 4 else "tf32",
+                        "summary": kernel_summary(consts),
+                        "users": [],
+                    },
+                )
+                entry["users"].append(f"{pname} {b['name']}")
+                bounds = [f"{DIM[dim]} {'<=' if kind == 'max' else '>='} {value}" for dim, kind, value in b["bounds"]]
+                buckets.append(
+                    {
+                        "index": b["index"],
+                        "name": b["name"],
+                        "kernel": kname,
+                        "condition": " and ".join(bounds),
+                        "bounds": ", ".join(bounds) or "any T",
+                        "note": b["note"],
+                    }
+                )
+            policies.append(
+                {
+                    "name": pname,
+                    "variant": variant["name"],
+                    "origin": inst["origin"],
+                    "targets": inst["targets"],
+                    "buckets": buckets,
+                }
+            )
+            selectors[inst["symbol"]] = pname
+        tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
+    ordered = sorted(kernels.values(), key=lambda k: k["name"])
+    for k in ordered:
+        k["literal"] = {
+            field: literal(value) for field, value in {**k["c"], "name": k["name"], "dot_prec": k["dot_prec"]}.items()
+        }
+    return {"kernels": ordered, "policies": policies, "tables": tables}

@@ -1,0 +1,493 @@
+"""generated/moe.py: fused_moe on every kernel pair and every target's distinct policy, against a
+float64 per-expert reference; moe_align_block_size and topk_softmax against plain references;
+bucket selection; argument errors.
+
+The kernel bodies and the host side are policy_runtime/moe.py's (``rt``).  Without a GPU the
+kernels run in Triton's interpreter (tests/conftest.py), in fp16 and fp32 (its bf16 arithmetic is
+wrong); on a GPU every 16-bit case runs in bf16 too.  Sizes are small (H 64, I 48, E 8-16) so the
+interpreter runs the file in well under a minute; T is ragged (1 to 300) and never a multiple of
+a tile.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+from generated import moe as M
+from generated.dispatch import HARDWARE, dispatch_kernel_config
+from kernel_cases import DEVICE, GPU, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
+from policy_runtime import moe as rt
+
+TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 2e-2}
+H, I = 64, 48  # hidden, expert intermediate: ragged against every tile
+
+
+def dtypes_of(name):
+    """fp32 kernels in fp32; 16-bit kernels in fp16, and in bf16 where a GPU does the math."""
+    if "_fp32_" in name:
+        return [torch.float32]
+    return [torch.float16] + ([torch.bfloat16] if GPU else [])
+
+
+def layer(T, k, E, dtype, *, ids=None, h=H, i=I):
+    """Inputs of one MoE call: random activations and weights, routing from topk_softmax unless
+    ``ids`` is given (then random weights)."""
+    x = torch.randn(T, h).to(dtype).to(DEVICE)
+    w1 = (torch.randn(E, 2 * i, h) / h**0.5).to(dtype).to(DEVICE)
+    w2 = (torch.randn(E, h, i) / i**0.5).to(dtype).to(DEVICE)
+    if ids is None:
+        weights, ids = M.topk_softmax(torch.randn(T, E, device=DEVICE), k, True)
+    else:
+        ids = ids.to(DEVICE)
+        weights = torch.rand(T, k, device=DEVICE)
+    return x, w1, w2, weights, ids
+
+
+def reference(x, w1, w2, weights, ids, activation="silu"):
+    """float64, expert by expert: the rows routed to e through e's two GEMMs, weighted, summed."""
+    x, w1, w2, weights, ids = (t.cpu() for t in (x, w1, w2, weights, ids))
+    x, w1, w2, weights = x.double(), w1.double(), w2.double(), weights.double()
+    inter = w2.shape[2]
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for e in ids.unique().tolist():
+        t, j = (ids == e).nonzero(as_tuple=True)
+        gu = x[t] @ w1[e].T
+        g, u = gu[:, :inter], gu[:, inter:]
+        act = g * torch.sigmoid(g) if activation == "silu" else torch.nn.functional.gelu(g)
+        out.index_add_(0, t, weights[t, j, None] * ((act * u) @ w2[e].T))
+    return out
+
+
+def check(out, ref, dtype, what=""):
+    assert out.dtype == dtype and out.shape == ref.shape
+    got = out.double().cpu()
+    assert not torch.isnan(got).any(), f"{what}: unwritten output elements"
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < TOL[dtype], f"{what} {dtype}: relative error {err:.2e}"
+
+
+def run_checked(inputs, *, variant=None, hw=None, activation="silu", what=""):
+    """fused_moe into a NaN-filled out (every element must be written), against the reference."""
+    x = inputs[0]
+    out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=DEVICE)
+    if variant is None:
+        got = M.fused_moe(*inputs, activation=activation, out=out, hw=hw)
+    else:
+        got = M._MOE.fused_moe(*inputs, activation, out, None, variant=variant)
+    assert got is out
+    check(out, reference(*inputs, activation=activation), x.dtype, what)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Every kernel pair, whatever bucket it serves.
+
+
+@pytest.mark.parametrize("name", sorted(M.VARIANTS))
+def test_every_kernel_pair(name):
+    """Each specialized pair, whatever bucket it serves, on a routed call that uses every expert
+    (the policy tests below run each pair again at a T of its bucket)."""
+    v = M.VARIANTS[name]
+    T, k = (2, 4) if v.kind == "gemv" else (13, 8)
+    for dtype in dtypes_of(name):
+        run_checked(layer(T, k, 8, dtype), variant=v, what=f"{name} T={T} k={k}")
+
+
+@pytest.mark.parametrize("T, hw", [(2, "h200"), (9, "bi_v100")])
+def test_results_repeat_bit_for_bit(T, hw):
+    """The gemv down kernel and the reduce sum a token's experts in slot order: two calls give
+    the same bits (the atomics of a fused grouped bucket would not promise that)."""
+    v = M.select(T, dtype=torch.float16, hw=hw).variant
+    assert v.kind == "gemv" or not v.fuse_sum
+    inputs = layer(T, 3, 8, torch.float16)
+    assert torch.equal(run_checked(inputs, hw=hw), run_checked(inputs, hw=hw))
+
+
+def test_every_kernel_pair_serves_some_bucket_and_every_bucket_names_one():
+    seen = set()
+    for variant in M._POLICIES.values():
+        for policy, _ in variant.values():
+            for bucket in policy:
+                assert M.VARIANTS[bucket.variant.name] is bucket.variant
+                seen.add(bucket.variant.name)
+    assert seen == set(M.VARIANTS)
+
+
+# Body constant -> the Variant field the launcher reads it from (grids, alignment).
+RECORD_FIELD_OF = {
+    "BLOCK_M": "block_m",
+    "BLOCK_N": "block_n",
+    "BLOCK_K": "block_k",
+    "GROUP_M": "group_m",
+    "FUSE_SUM": "fuse_sum",
+}
+
+
+def test_each_record_holds_the_constants_its_kernels_bake_in():
+    for name, v in M.VARIANTS.items():
+        for kernel, body in ((v.up, f"_{v.kind}_up"), (v.down, f"_{v.kind}_down")):
+            tree = ast.parse(inspect.getsource(kernel.fn))
+            (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == body]
+            consts = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+            assert consts, name
+            assert {c: consts[c] for c in consts if c in RECORD_FIELD_OF} == {
+                c: getattr(v, RECORD_FIELD_OF[c]) for c in consts if c in RECORD_FIELD_OF
+            }, name
+            if "DOT_PREC" in consts:
+                assert consts["DOT_PREC"] == ("ieee" if "_fp32_" in name else "tf32"), name
+        assert v.name == name and v.up.fn.__module__ == M.__name__
+
+
+def test_no_argument_that_varies_with_T_is_specialized_on():
+    """The grouped kernels take T only through numel and the row-block bound, the alignment
+    kernels through numel and the buffer sizes; gemv kernels take it only through the grid."""
+    for v in M.VARIANTS.values():
+        for kernel in (v.up, v.down):
+            params = inspect.signature(kernel.fn).parameters
+            if v.kind == "grouped":
+                assert set(_do_not_specialize(kernel)) == {"numel", "num_m_blocks"} <= set(params)
+            else:
+                assert not {"T", "numel", "num_m_blocks"} & set(params)
+    assert set(_do_not_specialize(rt._align_count)) == {"numel"}
+    assert set(_do_not_specialize(rt._align_scatter)) == {"numel", "max_padded", "max_blocks"}
+    assert set(_do_not_specialize(rt._topk_softmax_kernel)) == {"T"}
+
+
+def _do_not_specialize(kernel):
+    names = getattr(kernel, "kwargs", {}).get("do_not_specialize")  # the interpreter's function
+    if names is None:
+        names = kernel.do_not_specialize
+    return [kernel.arg_names[n] if isinstance(n, int) else n for n in names or ()]
+
+
+@pytest.mark.skipif(not GPU, reason="compiled kernels only on a GPU")
+def test_a_new_T_in_a_compiled_bucket_compiles_nothing():
+    for T_first, T_next in [(2, 3), (20, 29), (100, 300), (600, 1000)]:
+        bucket = M.select(T_first, dtype=torch.bfloat16, hw="h200")
+        assert M.select(T_next, dtype=torch.bfloat16, hw="h200") is bucket
+        M.fused_moe(*layer(T_first, 8, 16, torch.bfloat16), hw="h200")
+        kernels = [bucket.variant.up, bucket.variant.down, rt._align_count, rt._align_scatter, rt._sum_rows]
+        before = [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
+        M.fused_moe(*layer(T_next, 8, 16, torch.bfloat16), hw="h200")
+        assert [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels] == before, bucket.name
+
+
+# ---------------------------------------------------------------------------------------
+# Every target's distinct policy (targets with equal policies share one; each runs once).
+
+
+def distinct_policies():
+    """(variant, targets, policy) per distinct instantiation."""
+    out = []
+    for variant, table in sorted(M._POLICIES.items()):
+        groups: dict[int, list[str]] = {}
+        for target, (policy, _) in sorted(table.items()):
+            groups.setdefault(id(policy), []).append(target)
+        for targets in groups.values():
+            out.append(pytest.param(variant, targets, id=f"{variant}-{'+'.join(targets)}"))
+    return out
+
+
+def bucket_tokens(policy, select):
+    """One ragged T inside each bucket (the smallest the bucket serves, plus a few)."""
+    out, lo = [], 1
+    for bucket in policy:
+        T = lo + 2 if select(lo + 2) is bucket else lo
+        assert select(T) is bucket
+        out.append(T)
+        while bucket is not policy[-1] and select(lo) is bucket:  # the next one starts after it
+            lo += 1
+    return out
+
+
+@pytest.mark.parametrize("variant, targets", distinct_policies())
+def test_every_distinct_policy_through_fused_moe(variant, targets):
+    """One call per bucket through fused_moe(hw=target), the last bucket past 512 tokens; every
+    target of the group gets the same policy."""
+    table = M._POLICIES[variant]
+    policy, select = table[targets[0]]
+    assert all(table[t][0] is policy for t in targets)
+    dtype = torch.float32 if variant.endswith("fp32") else torch.float16
+    for T, bucket in zip(bucket_tokens(policy, select), policy):
+        assert M.select(T, dtype=dtype, hw=targets[-1]) is bucket
+        run_checked(layer(T, 2, 4, dtype), hw=targets[0], what=f"{targets[0]} {bucket.name} T={T}")
+
+
+def test_bucket_selection_on_the_h200():
+    names = [M.select(T, dtype=torch.bfloat16, hw="h200").name for T in (1, 4, 5, 32, 33, 512, 513, 16384)]
+    assert names == ["decode", "decode", "small", "small", "medium", "medium", "prefill", "prefill"]
+    assert M.select(1, hw="h200").variant.kind == "gemv"
+    small = M.select(16, hw="h200").variant
+    assert (small.kind, small.fuse_sum) == ("grouped", True)
+    assert not M.select(4096, hw="h200").variant.fuse_sum
+    assert M.buckets("h100", torch.float16) is M.buckets("h200", torch.bfloat16)
+
+
+def test_bi_v100_keeps_the_seed_tiles():
+    """The seed's MoEConfig on the BI-V100 (32-row tiles while top_k x tokens < 64 at top-8, 64
+    after; 64x32 B tiles in groups of 8) is what its kernels use, one stage (no async copy)."""
+    seed = dispatch_kernel_config("moe", "bi_v100")
+    assert (seed.block_size_m, seed.block_size_n, seed.block_size_k, seed.group_size_m) == (32, 64, 32, 8)
+    for dtype in (torch.float16, torch.float32):
+        decode, rest = M.select(7, dtype=dtype, hw="bi_v100").variant, M.select(8, dtype=dtype, hw="bi_v100").variant
+        assert decode.block_m == seed.block_size_m and rest.block_m == 64
+        for v in (decode, rest):
+            assert (v.kind, v.block_n, v.block_k, v.group_m, v.num_stages) == ("grouped", 64, 32, 8, 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Routings: ragged T, k, experts without tokens, all tokens on one expert.
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 33, 130, 300])
+def test_ragged_token_counts_on_the_h200_policy(T):
+    for dtype in [torch.float16] + ([torch.bfloat16] if GPU else []):
+        run_checked(layer(T, 8, 16, dtype), hw="h200", what=f"T={T}")
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_top_k(k):
+    for hw, T in (("h200", 3), ("h200", 45)) + ((("bi_v100", 20),) if k == 8 else ()):
+        run_checked(layer(T, k, 8, torch.float16), hw=hw, what=f"{hw} k={k} T={T}")
+
+
+@pytest.mark.parametrize("hw, T", [("h200", 3), ("h200", 20), ("h200", 100), ("h200", 520), ("mi300x", 40)])
+def test_experts_without_tokens(hw, T):
+    """16 experts, tokens routed to 3 of them: the others get no block and no work, and
+    their weights are never read (NaN there would show)."""
+    E, used = 16, torch.tensor([3, 11, 12])
+    ids = used[torch.randint(0, 3, (T, 2))]
+    x, w1, w2, weights, ids = layer(T, 2, E, torch.float16, ids=ids)
+    unused = torch.ones(E, dtype=torch.bool)
+    unused[used] = False
+    w1[unused.to(DEVICE)] = float("nan")
+    w2[unused.to(DEVICE)] = float("nan")
+    run_checked((x, w1, w2, weights, ids), hw=hw, what=f"{hw} T={T}")
+    for block in (16, 128):
+        _, expert_ids, post_pad = M.moe_align_block_size(ids, block, E)
+        counts = torch.bincount(ids.flatten().cpu(), minlength=E)
+        assert post_pad.item() == sum(-(-c // block) * block for c in counts.tolist())
+        blocks = post_pad.item() // block
+        assert set(expert_ids[:blocks].tolist()) == {3, 11, 12} & set(ids.flatten().tolist())
+
+
+@pytest.mark.parametrize("hw, T", [("h200", 4), ("h200", 30), ("h200", 250), ("h200", 520), ("bi_v100", 70)])
+def test_all_tokens_on_one_expert(hw, T):
+    ids = torch.full((T, 1), 5)
+    run_checked(layer(T, 1, 8, torch.float16, ids=ids), hw=hw, what=f"{hw} T={T} k=1")
+    if T in (30, 70):
+        ids = torch.stack([torch.full((T,), 5), torch.randint(0, 8, (T,))], 1)  # slot 0 always expert 5
+        run_checked(layer(T, 2, 8, torch.float16, ids=ids), hw=hw, what=f"{hw} T={T} k=2")
+
+
+@pytest.mark.parametrize("hw, T", [("h200", 2), ("h200", 21), ("a10", 77)])
+def test_gelu(hw, T):
+    run_checked(layer(T, 2, 8, torch.float32), hw=hw, activation="gelu", what=f"{hw} gelu T={T}")
+
+
+def test_strided_inputs_int64_ids_and_any_float_weights():
+    """Views are used as they are: hidden_states with a row stride, w1 stored column-major per
+    expert; int64 ids and bf16 routing weights are read as they come."""
+    T, k, E = 19, 2, 8
+    x, w1, w2, weights, ids = layer(T, k, E, torch.float32)
+    wide = torch.randn(T, H + 7, device=DEVICE)[:, 3 : 3 + H]
+    wide.copy_(x)
+    w1_t = w1.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    weights = weights.to(torch.bfloat16)
+    for hw, T_ in (("h200", 3), ("h200", T), ("bi_v100", T)):
+        args = (wide[:T_], w1_t, w2, weights[:T_], ids[:T_].long())
+        run_checked(args, hw=hw, what=f"{hw} strided T={T_}")
+
+
+def test_out_is_written_in_place_and_T_zero_is_empty():
+    x, w1, w2, weights, ids = layer(5, 2, 8, torch.float16)
+    out = torch.empty(9, H, dtype=torch.float16, device=DEVICE)[2:7]
+    assert M.fused_moe(x, w1, w2, weights, ids, out=out, hw="h200") is out
+    check(out, reference(x, w1, w2, weights, ids), torch.float16)
+    empty = M.fused_moe(x[:0], w1, w2, weights[:0], ids[:0], hw="h200")
+    assert empty.shape == (0, H)
+
+
+# ---------------------------------------------------------------------------------------
+# moe_align_block_size and topk_softmax against plain references.
+
+
+def align_reference(ids, block, E):
+    flat = ids.flatten().cpu().tolist()
+    numel = len(flat)
+    sorted_ids, expert_ids = [], []
+    for e in range(E):
+        rows = [i for i, v in enumerate(flat) if v == e]
+        padded = -(-len(rows) // block) * block
+        sorted_ids += rows + [numel] * (padded - len(rows))
+        expert_ids += [e] * (padded // block)
+    total = len(sorted_ids)
+    max_padded = numel + E * (block - 1)
+    sorted_ids += [numel] * (max_padded - total)
+    expert_ids += [0] * (-(-max_padded // block) - len(expert_ids))
+    return sorted_ids, expert_ids, total
+
+
+@pytest.mark.parametrize(
+    "T, k, E, block, dtype",
+    [
+        (1, 1, 8, 16, torch.int32),
+        (3, 2, 5, 1, torch.int64),  # block 1: no padding; 5 experts: not a power of two
+        (37, 8, 64, 16, torch.int32),  # most experts empty
+        (300, 8, 8, 64, torch.int64),  # 2400 ids: several scans of _ALIGN_BLOCK
+        (13, 2, 40, 7, torch.int32),  # odd block, more experts than rows
+        (50, 1, 4, 128, torch.int32),  # block larger than any expert's rows
+    ],
+)
+def test_moe_align_block_size_matches_the_reference(T, k, E, block, dtype):
+    ids = torch.randint(0, E, (T, k), dtype=dtype)
+    if E >= 8:
+        ids[ids == 3] = 4  # expert 3 never routed to
+    sorted_ids, expert_ids, post_pad = M.moe_align_block_size(ids.to(DEVICE), block, E)
+    want_sorted, want_experts, total = align_reference(ids, block, E)
+    assert sorted_ids.dtype == expert_ids.dtype == post_pad.dtype == torch.int32
+    assert sorted_ids.cpu().tolist() == want_sorted
+    assert expert_ids.cpu().tolist() == want_experts
+    assert post_pad.cpu().tolist() == [total]
+
+
+def test_moe_align_block_size_on_vllm_docstring_example():
+    ids = torch.tensor([[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]], device=DEVICE)
+    sorted_ids, expert_ids, post_pad = M.moe_align_block_size(ids - 1, 4, 4)  # experts 0-3 here
+    assert sorted_ids[:16].tolist() == [3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12]
+    assert expert_ids[:4].tolist() == [0, 1, 2, 3] and post_pad.item() == 16
+
+
+@pytest.mark.parametrize("E, k", [(8, 1), (8, 2), (60, 8), (128, 8)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_topk_softmax_matches_torch(E, k, dtype):
+    T = 37
+    logits = torch.randn(T, E).to(dtype)
+    probs = torch.softmax(logits.double(), dim=-1)
+    # Largest first, the lowest expert first among equal probabilities (fp16 logits repeat).
+    want_w, want_i = (t[:, :k] for t in torch.sort(probs, dim=-1, descending=True, stable=True))
+    for renormalize in (False, True):
+        weights, ids = M.topk_softmax(logits.to(DEVICE), k, renormalize)
+        assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and weights.shape == (T, k)
+        assert torch.equal(ids.cpu().long(), want_i)
+        expect = want_w / want_w.sum(-1, keepdim=True) if renormalize else want_w
+        torch.testing.assert_close(weights.cpu().double(), expect, rtol=1e-5, atol=1e-6)
+
+
+def test_topk_softmax_breaks_ties_toward_the_lowest_expert():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]], device=DEVICE)
+    weights, ids = M.topk_softmax(logits, 3, False)
+    assert ids.tolist() == [[1, 2, 4], [0, 1, 2]]
+    assert torch.allclose(weights[1].cpu(), torch.full((3,), 0.2))
+
+
+# ---------------------------------------------------------------------------------------
+# Bad calls: ValueError naming the argument.
+
+
+def _good():
+    return dict(zip(("hidden_states", "w1", "w2", "topk_weights", "topk_ids"), layer(3, 2, 4, torch.float32)))
+
+
+BAD_CALLS = [
+    ("hidden_states", lambda a: a.update(hidden_states=a["hidden_states"][0])),
+    ("hidden_states", lambda a: a.update(hidden_states=a["hidden_states"].to(torch.int32))),
+    ("hidden_states", lambda a: a.update(hidden_states=a["hidden_states"].tolist())),
+    ("w1", lambda a: a.update(w1=a["w1"][:, :, :-1])),
+    ("w1", lambda a: a.update(w1=a["w1"][:, :-1])),
+    ("w1", lambda a: a.update(w1=a["w1"].half())),
+    ("w2", lambda a: a.update(w2=a["w2"][:, :, :-1])),
+    ("w2", lambda a: a.update(w2=a["w2"][:-1])),
+    ("topk_weights", lambda a: a.update(topk_weights=a["topk_weights"][:-1])),
+    ("topk_weights", lambda a: a.update(topk_weights=a["topk_weights"].long())),
+    ("topk_ids", lambda a: a.update(topk_ids=a["topk_ids"][:, :1])),
+    ("topk_ids", lambda a: a.update(topk_ids=a["topk_ids"].float())),
+    ("activation", lambda a: a.update(activation="relu")),
+    ("out", lambda a: a.update(out=torch.empty(3, H + 1, device=DEVICE))),
+    ("out", lambda a: a.update(out=torch.empty(3, H, dtype=torch.float16, device=DEVICE))),
+    ("out", lambda a: a.update(out=torch.empty(H, 3, device=DEVICE).T)),
+    ("requires grad", lambda a: a.update(w2=a["w2"].clone().requires_grad_())),
+]
+
+
+@pytest.mark.parametrize("name, spoil", BAD_CALLS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_CALLS)])
+def test_bad_fused_moe_calls_raise_value_error_naming_the_argument(name, spoil):
+    args = _good()
+    spoil(args)
+    with pytest.raises(ValueError, match=name):
+        M.fused_moe(**args, hw="h200")
+
+
+@pytest.mark.skipif(GPU, reason="on a GPU machine CPU tensors are not the point")
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    args = _good()
+    monkeypatch.setattr(rt._launch, "_INTERPRET", False)
+    with pytest.raises(ValueError, match="hidden_states must be a CUDA tensor"):
+        M.fused_moe(**args, hw="h200")
+
+
+def test_bad_align_and_topk_calls():
+    ids = torch.zeros(4, 2, dtype=torch.int32, device=DEVICE)
+    for args, name in [
+        ((ids.float(), 16, 8), "topk_ids"),
+        ((ids, 0, 8), "block_size_m"),
+        ((ids, 16.0, 8), "block_size_m"),
+        ((ids, 16, 0), "num_experts"),
+        ((ids, 16, 10**6), "num_experts"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            M.moe_align_block_size(*args)
+    logits = torch.randn(4, 8, device=DEVICE)
+    for args, name in [
+        ((logits[0], 2, True), "gating_logits"),
+        ((logits.long(), 2, True), "gating_logits"),
+        ((logits, 0, True), "k"),
+        ((logits, 9, True), "k"),
+        ((logits, 2, 1), "renormalize"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            M.topk_softmax(*args)
+
+
+def test_unknown_hw_is_a_key_error():
+    with pytest.raises(KeyError):
+        M.fused_moe(**_good(), hw="no_such_part")
+
+
+def test_every_target_has_a_policy_for_both_dtype_classes():
+    for variant in ("moe_launch_16bit", "moe_launch_fp32"):
+        assert sorted(M._POLICIES[variant]) == sorted(HARDWARE)
+    assert dataclasses.is_dataclass(M.VARIANTS[next(iter(M.VARIANTS))])
+
+
+def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
+    """moe_launch's checks run on every instantiation at build: more stages than the H200's shared
+    memory holds, or a gemv bucket told not to sum in its down kernel, fail the build (exit 2,
+    nothing written) with the file, the policy and the figures."""
+    for needed in ("jinja2", "pydantic", "black"):  # the compiler's (a GPU box may run kernels only)
+        pytest.importorskip(needed)
+    from conftest import run_cli, snapshot
+
+    spec = project / "specs/kernels/moe.toml"
+    text = spec.read_text()
+    prefill = text.index('name = "prefill"\nblock_size_m = 128')
+    text = text[:prefill] + text[prefill:].replace("num_warps = 8", "num_warps = 8\nnum_stages = 6", 1)
+    decode = text.index('name = "decode"\nnote = "Two launches')
+    text = text[:decode] + text[decode:].replace("num_stages = 6", "num_stages = 6\nfuse_sum = false", 1)
+    spec.write_text(text)
+    before = snapshot(project / "generated")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2, result.err
+    # 6 x (128 + 2 x 128) x 64 x 2 B on the H200 (227 KB opt-in).
+    assert (
+        "6 stages of 128x64 A and two 64x128 B tiles need 294,912 B of shared memory per block; h200 allows 232,448 B"
+        in result.err
+    )
+    assert "fails check 'the gemv down kernel sums a token's experts itself'" in result.err
+    assert "specs/kernels/moe.toml" in result.err and "nvidia>=90" in result.err
+    assert snapshot(project / "generated") == before
