@@ -168,7 +168,8 @@ def host_us(fns, n=None, rounds=6):
     """Per function: (host us/call, wall us/call) over n back-to-back calls, host = until the last
     call returned, wall = until the GPU finished; median over rounds that alternate the order of
     the functions (host speed drifts: rms_norm at 1 token took 28.7, 44.6 and 62.7 us a call in
-    three H200 runs minutes apart).  Also the median per-round ratio of the first function's host time to the second's."""
+    three H200 runs minutes apart).  Also the median per-round ratio of the first function's host time to the second's.
+    """
     n = n or (3 if SMOKE else 200)
     for fn in fns:
         for _ in range(3):

@@ -63,7 +63,9 @@ def parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="table of resolved policies per target and collapse groups")
     show.add_argument("kernel", nargs="?", help="a config or variant name (default: all)")
     show.add_argument("--hw", help="only this hardware spec name")
-    show.add_argument("--json", action="store_true", help="the resolved tree as JSON (every config, variant, model, target)")
+    show.add_argument(
+        "--json", action="store_true", help="the resolved tree as JSON (every config, variant, model, target)"
+    )
     show.add_argument("--sources", action="store_true", help="every hardware figure with the sources it cites")
     explain = sub.add_parser(
         "explain", help="why a field of a config has its value on a target: policy chain, rule, candidates, checks"
@@ -190,7 +192,9 @@ def _check(outs: list[Output], root: Path, out: TextIO) -> int:
             out.write(write.diff(change, o.folder))
         n = len(plan.changes)
         stale += n
-        print(f"{o.folder}/ is stale ({n} file{'s' if n != 1 else ''}); run `python -m codegen build` to update", file=out)
+        print(
+            f"{o.folder}/ is stale ({n} file{'s' if n != 1 else ''}); run `python -m codegen build` to update", file=out
+        )
     return EXIT_STALE if stale else EXIT_OK
 
 
@@ -270,7 +274,9 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
         for name, m in tree.models.items():
             serves = sorted({v.config.name for v in res.variants if v.model == name})
             mark = " (default)" if name == defaults.default_model else ""
-            lines.append(f"  {name}{mark}: {m.spec.display_name} ({m.source.path}); configs: {', '.join(serves) or 'none'}")
+            lines.append(
+                f"  {name}{mark}: {m.spec.display_name} ({m.source.path}); configs: {', '.join(serves) or 'none'}"
+            )
         lines.append(f"default target: {defaults.default_target or 'none (detect the device)'}")
         blocks.append("\n".join(lines) + "\n")
     out.write("\n".join(blocks))

@@ -52,7 +52,6 @@ from .records import SpecTree
 from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, is_control, is_line_break
 from .records import Instantiation, Resolution, VariantResolution
 
-
 # The environment variable that forces the target generated/dispatch.py serves when no hw is given.
 TARGET_ENV_VAR = "KERNEL_POLICY_TARGET"
 
@@ -97,6 +96,7 @@ def policy_origin(vr: VariantResolution, inst: Instantiation) -> str:
 def hardware_data(tree: SpecTree) -> list[dict[str, Any]]:
     out = []
     for hw in tree.hardware:
+
         def value(attr: str) -> Any:
             if attr == "name":
                 return hw.name
@@ -104,7 +104,13 @@ def hardware_data(tree: SpecTree) -> list[dict[str, Any]]:
 
         values = [(field, repr(value(attr))) for attr, field, _, _ in HW_RECORD_FIELDS]
         out.append(
-            {"name": hw.name, "source": hw.source.path, "vendor": hw.spec.vendor, "arch": hw.spec.arch, "values": values}
+            {
+                "name": hw.name,
+                "source": hw.source.path,
+                "vendor": hw.spec.vendor,
+                "arch": hw.spec.arch,
+                "values": values,
+            }
         )
     return out
 
@@ -204,7 +210,9 @@ def detection_tables(tree: SpecTree) -> dict[str, Any]:
     by_arch: dict[tuple[str, int], str] = {}
     for hw in tree.hardware:
         by_arch.setdefault((hw.spec.vendor, hw.spec.arch), hw.name)
-    names = sorted(((dn, hw.name) for hw in tree.hardware for dn in hw.spec.device_names), key=lambda x: (-len(x[0]), x[0]))
+    names = sorted(
+        ((dn, hw.name) for hw in tree.hardware for dn in hw.spec.device_names), key=lambda x: (-len(x[0]), x[0])
+    )
     return {"device_names": names, "by_arch": sorted(by_arch.items())}
 
 

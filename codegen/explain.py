@@ -32,9 +32,7 @@ def explain(res: Resolution, name: str, field: str, hw_name: str, model: str | N
     """The lines of ``codegen explain``; ValueError (with the reason) for a bad question."""
     tree = res.tree
     matches = [
-        vr
-        for vr in res.variants
-        if name in (vr.variant, vr.config.name) or vr.config.aliases.get(name) == vr.variant
+        vr for vr in res.variants if name in (vr.variant, vr.config.name) or vr.config.aliases.get(name) == vr.variant
     ]
     if not matches:
         known = sorted({v.variant for v in res.variants} | {v.config.name for v in res.variants})
@@ -97,7 +95,9 @@ def _explain_value(cfg: Config, scope: _Scope, field: str, values: Any, indent: 
     if isinstance(value, ExprValue):
         return [f"{indent}{field} = {result!r}: rule '{value.expr.source}' ({where})"]
     assert isinstance(value, PickValue)
-    lines = [f"{indent}{field} = {result!r}: the first of {list(value.candidates)} for which '{value.where.source}' ({where})"]
+    lines = [
+        f"{indent}{field} = {result!r}: the first of {list(value.candidates)} for which '{value.where.source}' ({where})"
+    ]
     for candidate in value.candidates:
         env = scope.trying(field, candidate).env()
         try:
@@ -158,7 +158,10 @@ def unmeasured(res: Resolution) -> list[str]:
             if r.policy.vendor is None or not r.policy.tuned:
                 by_policy.setdefault(r.policy.label, []).append(target)
         if by_policy:
-            parts = [f"{', '.join(ts)} ({label}{'' if label == 'base' else ', tuned = false'})" for label, ts in by_policy.items()]
+            parts = [
+                f"{', '.join(ts)} ({label}{'' if label == 'base' else ', tuned = false'})"
+                for label, ts in by_policy.items()
+            ]
             lines.append(f"{cfg.name}: not measured on {'; '.join(parts)}")
     return lines
 
@@ -170,14 +173,21 @@ def as_json(res: Resolution) -> dict[str, Any]:
     for vr in res.variants:
         cfg = configs.setdefault(
             vr.config.name,
-            {"record": vr.config.record, "source": vr.config.source.path, "models": list(vr.config.models), "variants": {}},
+            {
+                "record": vr.config.record,
+                "source": vr.config.source.path,
+                "models": list(vr.config.models),
+                "variants": {},
+            },
         )
         variant = cfg["variants"].setdefault(vr.variant, {"params": dict(vr.params), "models": {}})
         variant["models"][vr.model or ""] = _variant_json(vr)
     return {
         "default_target": tree.project.default_target,
         "default_model": tree.project.default_model,
-        "hardware": {hw.name: {"vendor": hw.spec.vendor, "arch": hw.spec.arch, "source": hw.source.path} for hw in tree.hardware},
+        "hardware": {
+            hw.name: {"vendor": hw.spec.vendor, "arch": hw.spec.arch, "source": hw.source.path} for hw in tree.hardware
+        },
         "models": {name: m.source.path for name, m in tree.models.items()},
         "configs": configs,
     }

@@ -59,5 +59,3 @@ def inherit(
         source.path, source.text, name, tuple((k, src, p) for k, (src, p) in sorted(inherited.items()))
     )
     return view, merged
-
-

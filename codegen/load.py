@@ -73,7 +73,9 @@ def load(root: Path) -> SpecTree:
             if sub.name not in SPEC_DIRS:
                 problems.append(problem(rel, (), f"unknown spec directory; expected one of {', '.join(SPEC_DIRS)}"))
         elif sub.name != PROJECT_FILE:
-            problems.append(problem(rel, (), f"unknown file; specs/ holds {PROJECT_FILE} and the folders {', '.join(SPEC_DIRS)}"))
+            problems.append(
+                problem(rel, (), f"unknown file; specs/ holds {PROJECT_FILE} and the folders {', '.join(SPEC_DIRS)}")
+            )
     for kind in SPEC_DIRS:
         folder = spec_root / kind
         if not is_dir(folder, f"specs/{kind}", problems):
@@ -117,7 +119,9 @@ def load(root: Path) -> SpecTree:
                 )
             wide = list(out_of_range(data, ()))
             for keypath, value in wide:
-                problems.append(source.problem(keypath, "integers are 64-bit in TOML (-2**63 to 2**63 - 1)", value=value))
+                problems.append(
+                    source.problem(keypath, "integers are 64-bit in TOML (-2**63 to 2**63 - 1)", value=value)
+                )
             if not wide:
                 raw[kind].append((path.stem, source, data))
 
@@ -245,14 +249,18 @@ def _check_project(
         assert project.source is not None
         problems.append(
             project.source.problem(
-                ("default_target",), f"no such hardware spec (known: {', '.join(sorted(hardware))})", value=project.default_target
+                ("default_target",),
+                f"no such hardware spec (known: {', '.join(sorted(hardware))})",
+                value=project.default_target,
             )
         )
     model = project.default_model
     if model is not None and model not in models:
         assert project.source is not None
         problems.append(
-            project.source.problem(("default_model",), f"no such model spec (known: {', '.join(sorted(models))})", value=model)
+            project.source.problem(
+                ("default_model",), f"no such model spec (known: {', '.join(sorted(models))})", value=model
+            )
         )
     if model is None and len(models) == 1:
         model = next(iter(models))
@@ -276,14 +284,16 @@ def _check_citations(spec: HardwareSpec, source: Source, problems: list[SpecProb
             problems.append(
                 source.problem(
                     ("cite",),
-                    f"'{attr}' is not cited: add {attr} = \"<source keys>\" (or \"measured: ...\" / \"inferred: ...\")",
+                    f'\'{attr}\' is not cited: add {attr} = "<source keys>" (or "measured: ..." / "inferred: ...")',
                 )
             )
     for attr, text in spec.cite.items():
         path = ("cite", attr)
         if attr not in HW_NUMBERS and attr not in Features.model_fields:
             problems.append(
-                source.problem(path, f"not a number or feature of the spec (numbers: {', '.join(HW_NUMBERS)})", value=text)
+                source.problem(
+                    path, f"not a number or feature of the spec (numbers: {', '.join(HW_NUMBERS)})", value=text
+                )
             )
             continue
         kind, colon, reason = text.partition(":")
@@ -395,7 +405,9 @@ def _load_config(
         if model not in models:
             problems.append(
                 source.problem(
-                    (name, "models", i), f"no such model spec (known: {', '.join(sorted(models)) or 'none'})", value=model
+                    (name, "models", i),
+                    f"no such model spec (known: {', '.join(sorted(models)) or 'none'})",
+                    value=model,
                 )
             )
     variants = spec.variant_params(name)
@@ -529,12 +541,16 @@ def _check_selector(
         path = (name, "selector", "params", param)
         if what.startswith("model."):
             if what[len("model.") :] not in MODEL_RULE_ATTRS:
-                problems.append(source.problem(path, f"not a model dimension (known: {', '.join(MODEL_RULE_ATTRS)})", value=what))
+                problems.append(
+                    source.problem(path, f"not a model dimension (known: {', '.join(MODEL_RULE_ATTRS)})", value=what)
+                )
             elif spec.models == ():
                 problems.append(source.problem(path, "the config serves no model", value=what))
         elif what not in params or any(what not in ps for ps in variants.values()):
             problems.append(
-                source.problem(path, f"not a parameter of every variant (parameters: {', '.join(sorted(params))})", value=what)
+                source.problem(
+                    path, f"not a parameter of every variant (parameters: {', '.join(sorted(params))})", value=what
+                )
             )
 
 

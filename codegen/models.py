@@ -194,9 +194,13 @@ class HardwareSpec(Spec):
     memory_bandwidth_gbps: Upto(10**7) = _doc("Peak memory bandwidth (datasheet).")
     sm_count: Upto(2**20) = _doc("Streaming multiprocessors (compute units).")
     # CCCL's arch_to_min_bytes_in_flight for NVIDIA; measured for BI-V100.
-    bytes_in_flight: Upto(GIB) = _doc("Bytes each SM keeps in flight to saturate memory (CCCL's arch_to_min_bytes_in_flight).")
+    bytes_in_flight: Upto(GIB) = _doc(
+        "Bytes each SM keeps in flight to saturate memory (CCCL's arch_to_min_bytes_in_flight)."
+    )
     # Triton opts in automatically: the limit a Triton kernel's tiles must fit.
-    max_shared_memory_per_block_optin: Upto(GIB) = _doc("Shared memory a block may opt in to: the limit Triton kernels fit.")
+    max_shared_memory_per_block_optin: Upto(GIB) = _doc(
+        "Shared memory a block may opt in to: the limit Triton kernels fit."
+    )
     shared_memory_per_sm: Upto(GIB) = _doc("Shared memory per SM.")
     max_threads_per_sm: Upto(2**24) = _doc("Resident threads per SM; bounds occupancy.")
     # detect_hardware matches them before falling back to the arch.
@@ -269,7 +273,9 @@ HW_RULE_ATTRS: tuple[str, ...] = tuple(
 )
 HW_RECORD_FIELDS = _record_fields()
 # The numbers of a hardware spec: each must be cited (``HardwareSpec.cite``).
-HW_NUMBERS: tuple[str, ...] = tuple(attr for attr, _, pytype, _ in HW_RECORD_FIELDS if pytype in ("int", "Optional[int]"))
+HW_NUMBERS: tuple[str, ...] = tuple(
+    attr for attr, _, pytype, _ in HW_RECORD_FIELDS if pytype in ("int", "Optional[int]")
+)
 CITE_REASONS = ("measured", "inferred")
 
 
@@ -435,9 +441,9 @@ class SelectorSpec(Spec):
     """A selector function: its name and parameters (parameter -> what it matches)."""
 
     name: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]*$"), NotKeyword]
-    params: Annotated[
-        dict[FieldName, Annotated[str, Field(pattern=r"^(model\.)?[a-z][a-z0-9_]*$")]], Frozen
-    ] = Field(min_length=1)
+    params: Annotated[dict[FieldName, Annotated[str, Field(pattern=r"^(model\.)?[a-z][a-z0-9_]*$")]], Frozen] = Field(
+        min_length=1
+    )
 
 
 class ConfigSpec(Spec):

@@ -198,7 +198,9 @@ class _Ctx:
             if vendor is None:
                 self.problem(path, "required key 'vendor' is missing")
             elif vendor not in self.vendors:
-                self.problem(path + ("vendor",), f"unknown vendor; known: {', '.join(sorted(self.vendors))}", value=vendor)
+                self.problem(
+                    path + ("vendor",), f"unknown vendor; known: {', '.join(sorted(self.vendors))}", value=vendor
+                )
             if min_arch is None:
                 self.problem(path, "required key 'min_arch' is missing")
             elif type(min_arch) is not int or min_arch < 0:
@@ -214,7 +216,9 @@ class _Ctx:
             if key in POLICY_KEYS:
                 continue
             if key not in self.fields:
-                self.problem(path + (key,), f"not a field of {self.record} (fields: {', '.join(self.fields)})", value=value)
+                self.problem(
+                    path + (key,), f"not a field of {self.record} (fields: {', '.join(self.fields)})", value=value
+                )
                 continue
             parsed = self.value(key, value, path + (key,))
             if parsed is not None:

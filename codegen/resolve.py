@@ -137,7 +137,9 @@ def _merge_targets(cfg: Config, problems: list) -> list[SpecProblem]:
         failures = groups[item]
         first = failures[0]
         if len(failures) == 1:
-            merged.append(cfg.source.problem(first.keypath, f"{first.where}: fails check '{first.check}': {first.message}"))
+            merged.append(
+                cfg.source.problem(first.keypath, f"{first.where}: fails check '{first.check}': {first.message}")
+            )
             continue
         targets = ", ".join(f.where.target() for f in failures)
         texts = {f.message.replace(f.where.hw.name, "{target}") for f in failures}
@@ -390,7 +392,9 @@ def _format_message(template: str, scope: "_Scope") -> str:
 
     wide = _wide_format_spec(template)
     if wide is not None:
-        return f"{template} [message not formatted: the format spec {wide!r} asks for more than {_MAX_WIDTH} characters]"
+        return (
+            f"{template} [message not formatted: the format spec {wide!r} asks for more than {_MAX_WIDTH} characters]"
+        )
     try:
         text = template.format_map(Lookup())
     except (KeyError, AttributeError, ValueError, IndexError, rules.RuleError) as exc:

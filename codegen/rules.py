@@ -206,7 +206,9 @@ class Env:
         if name not in space:
             label = self.labels.get(ns)
             if label is not None:
-                raise RuleError(f"the rule reads '{ns}.{name}', which {label} does not set (it sets: {', '.join(sorted(space))})")
+                raise RuleError(
+                    f"the rule reads '{ns}.{name}', which {label} does not set (it sets: {', '.join(sorted(space))})"
+                )
             raise RuleError(f"'{ns}.{name}' is not defined (known: {', '.join(sorted(space))})")
         return space[name]
 

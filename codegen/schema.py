@@ -137,9 +137,7 @@ def _policy(fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None, b
     return schema
 
 
-def _config(
-    fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def _config(fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """A config table's schema (ConfigSpec's, with its policy and base tables described) and its
     definitions.  A config with ``extends`` takes its fields from its parent."""
     schema = copy.deepcopy(ConfigSpec.model_json_schema())
@@ -190,7 +188,9 @@ class SchemaFile:
 def rendered(tree: SpecTree) -> Rendered:
     """The schema files, relative to ``<root>/schemas``."""
     prefix = f"{SCHEMA_DIR}/"
-    files = {path.removeprefix(prefix): SchemaFile(path.removeprefix(prefix), data) for path, data in render(tree).items()}
+    files = {
+        path.removeprefix(prefix): SchemaFile(path.removeprefix(prefix), data) for path, data in render(tree).items()
+    }
     return Rendered(files=files)
 
 

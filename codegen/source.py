@@ -125,7 +125,6 @@ def toml_error_line(message: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-
 _HEADER_RE = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY_RE = re.compile(r"^\s*([A-Za-z0-9_\-\"'. ]+?)\s*=")
 

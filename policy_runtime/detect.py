@@ -35,9 +35,7 @@ class Vendor:
     hip: bool
 
 
-def arch_number(
-    vendor: Vendor, capability: Optional[tuple[int, int]], arch_name: Optional[str]
-) -> Optional[int]:
+def arch_number(vendor: Vendor, capability: Optional[tuple[int, int]], arch_name: Optional[str]) -> Optional[int]:
     """The vendor's arch number from a device report, or None when the report lacks what the
     vendor's ``arch_from`` needs."""
     if vendor.arch_from == "gfx":
@@ -118,9 +116,7 @@ class Detector:
 
     def _forced(self) -> str:
         if self.forced not in self.hardware:
-            raise KeyError(
-                f"{self.env_var}={self.forced!r} names no hardware spec; available: {sorted(self.hardware)}"
-            )
+            raise KeyError(f"{self.env_var}={self.forced!r} names no hardware spec; available: {sorted(self.hardware)}")
         return self.forced  # type: ignore[return-value]
 
     def _record_name(self, hw: Any) -> str:
@@ -284,7 +280,9 @@ class Detector:
             if vendor is None:
                 raise RuntimeError(f"detect_hardware(): {tried}, and no vendor's name_words are in it")
         if vendor not in self.vendors or not any(v == vendor for v, _ in self.by_arch):
-            raise RuntimeError(f"detect_hardware(): {tried}, and it has unknown vendor {vendor!r}; specs exist for {known}")
+            raise RuntimeError(
+                f"detect_hardware(): {tried}, and it has unknown vendor {vendor!r}; specs exist for {known}"
+            )
         info = self.vendors[vendor]
         arch = arch_number(info, capability, arch_name)
         if arch is None:
@@ -304,7 +302,9 @@ class Detector:
         lower = [a for (v, a) in self.by_arch if v == vendor and a < arch]
         if not lower:
             archs = ", ".join(str(a) for (v, a) in sorted(self.by_arch) if v == vendor)
-            raise RuntimeError(f"detect_hardware(): {tried}, and {vendor} arch {arch} is below every {vendor} spec ({archs})")
+            raise RuntimeError(
+                f"detect_hardware(): {tried}, and {vendor} arch {arch} is below every {vendor} spec ({archs})"
+            )
         chosen = self.by_arch[(vendor, max(lower))]
         warnings.warn(
             f"no hardware spec for {vendor} arch {arch} ({name!r}); using {chosen!r} "

@@ -152,8 +152,7 @@ def _check_float(op: str, name: str, t: torch.Tensor) -> None:
 def _check_runnable(op: str, name: str, t: torch.Tensor) -> None:
     if not _INTERPRET and not t.is_cuda:
         raise ValueError(
-            f"{op}: {name} must be a CUDA tensor (got device {t.device}); "
-            "set TRITON_INTERPRET=1 to run on the CPU"
+            f"{op}: {name} must be a CUDA tensor (got device {t.device}); " "set TRITON_INTERPRET=1 to run on the CPU"
         )
 
 

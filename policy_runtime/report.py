@@ -23,8 +23,12 @@ def main(
     parser = argparse.ArgumentParser(
         prog="python -m generated.dispatch", description="Print a target's hardware record and config tables."
     )
-    parser.add_argument("--hw", choices=sorted(hardware), default=default_target, help=f"target (default: {default_target})")
-    parser.add_argument("--model", choices=sorted(models), default=default_model, help=f"model (default: {default_model})")
+    parser.add_argument(
+        "--hw", choices=sorted(hardware), default=default_target, help=f"target (default: {default_target})"
+    )
+    parser.add_argument(
+        "--model", choices=sorted(models), default=default_model, help=f"model (default: {default_model})"
+    )
     args = parser.parse_args(argv)
     if args.hw is None:
         parser.error("no default target: pass --hw")

@@ -104,7 +104,9 @@ intermediate_size = 1024
 """
 
 
-def vendor_toml(arch_from: str = "capability", words: tuple[str, ...] = (), default: bool = False, hip: bool = False) -> str:
+def vendor_toml(
+    arch_from: str = "capability", words: tuple[str, ...] = (), default: bool = False, hip: bool = False
+) -> str:
     return (
         f'display_name = "v"\narch_from = "{arch_from}"\nname_words = {list(words)!r}\n'
         f"default = {str(default).lower()}\nhip = {str(hip).lower()}\n".replace("'", '"')

@@ -587,9 +587,13 @@ def prefill_args(**over):
         (dict(cu_seqlens_k=i32([0, 4, 8])), "must both be 1-D of batch + 1 entries"),
         (dict(max_seqlen_q=-1), "max_seqlen_q must be an int >= 0"),
         pytest.param(
-            dict(max_seqlen_q=3), "cu_seqlens_q has a sequence of 6 tokens, longer than max_seqlen_q=3", marks=HOST_VALUES
+            dict(max_seqlen_q=3),
+            "cu_seqlens_q has a sequence of 6 tokens, longer than max_seqlen_q=3",
+            marks=HOST_VALUES,
         ),
-        pytest.param(dict(cu_seqlens_k=i32([0, 9])), "cu_seqlens_k [0, 9] must rise from 0 to at most 8", marks=HOST_VALUES),
+        pytest.param(
+            dict(cu_seqlens_k=i32([0, 9])), "cu_seqlens_k [0, 9] must rise from 0 to at most 8", marks=HOST_VALUES
+        ),
         (dict(k=torch.empty(8, 2, 64, dtype=torch.float16, device="meta")), "k is on meta"),
     ],
 )
@@ -638,7 +642,9 @@ def decode_args(**over):
         (dict(seq_lens=i32([20])), "seq_lens must be [num_seqs=2]"),
         pytest.param(dict(seq_lens=i32([20, 49])), "seq_lens has 49; lengths must be in [0, 48]", marks=HOST_VALUES),
         pytest.param(
-            dict(block_tables=i32([[0, 99], [2, 3]])), "block_tables[0, 1] = 99 is not a block of key_cache", marks=HOST_VALUES
+            dict(block_tables=i32([[0, 99], [2, 3]])),
+            "block_tables[0, 1] = 99 is not a block of key_cache",
+            marks=HOST_VALUES,
         ),
         (dict(query=torch.empty(2, 4, 64, dtype=torch.float16, device="meta")), "on meta"),
         (

@@ -122,7 +122,9 @@ def test_moe_bench_smoke(tmp_path):
     result = json.loads((tmp_path / "moe.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
     cases = result["cases"]
-    assert sorted({(c["shape"], c["T"]) for c in cases}) == [(s, t) for s in ("e128", "qwen36") for t in (1, 16, 40, 600)]
+    assert sorted({(c["shape"], c["T"]) for c in cases}) == [
+        (s, t) for s in ("e128", "qwen36") for t in (1, 16, 40, 600)
+    ]
     assert {c["bucket"] for c in cases} == {"decode", "small", "medium", "prefill"}
     for c in cases:
         checked = set(c["errors_vs_ref"])

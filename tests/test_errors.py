@@ -90,7 +90,11 @@ CASES = [
         "specs/kernels/attention.toml",
         'vendor = "nvidia"\nmin_arch = 80',
         'vendor = "iluvatar"\nmin_arch = 100',
-        ["specs/kernels/attention.toml:", "attention.policy[1].min_arch: duplicate threshold iluvatar>=100", "(got 100)"],
+        [
+            "specs/kernels/attention.toml:",
+            "attention.policy[1].min_arch: duplicate threshold iluvatar>=100",
+            "(got 100)",
+        ],
         None,
     ),
     (

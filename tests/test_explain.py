@@ -10,10 +10,15 @@ def test_explain_a_pick_lists_each_candidate_with_its_condition():
     result = run_cli("explain", "attention", "triton_block_n", "--hw", "h200")
     assert result.code == 0, result.err
     lines = result.out.splitlines()
-    assert lines[0].startswith("attention_fp16.triton_block_n on h200 (nvidia 90, specs/hardware/h200.toml), model qwen36")
+    assert lines[0].startswith(
+        "attention_fp16.triton_block_n on h200 (nvidia 90, specs/hardware/h200.toml), model qwen36"
+    )
     assert lines[1].startswith("  served by nvidia>=80 (specs/kernels/attention.toml:")
     assert lines[2] == "  chains from base"
-    assert "triton_block_n = 64: the first of [128, 64, 32, 16] for which 'kv_smem_bytes <= hw.max_shared_memory_per_block_optin'" in lines[3]
+    assert (
+        "triton_block_n = 64: the first of [128, 64, 32, 16] for which 'kv_smem_bytes <= hw.max_shared_memory_per_block_optin'"
+        in lines[3]
+    )
     assert lines[4] == "    128: fails: kv_smem_bytes = 262,144 > hw.max_shared_memory_per_block_optin = 232,448"
     assert lines[5] == "    64: holds  <- chosen"
     assert (

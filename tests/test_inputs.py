@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -45,7 +44,9 @@ def test_integers_past_64_bits_are_spec_errors(tmp_path, value, shown):
     if shown is None:
         assert "rule for 'block' gave an integer outside 64 bits" in result.err
     else:
-        assert ("integers are 64-bit in TOML" in result.err or "cannot read the TOML" in result.err) and shown in result.err
+        assert (
+            "integers are 64-bit in TOML" in result.err or "cannot read the TOML" in result.err
+        ) and shown in result.err
     assert not (root / "generated").exists()
 
 
@@ -156,7 +157,10 @@ def test_commands_without_root_say_which_root_they_used(tmp_path):
 
 @pytest.mark.parametrize(
     "field, value, fragment",
-    [("warp_size", 4096, "warp_size: Input should be less than or equal to 1024"), ("sm_count", 2**40, "sm_count: Input should be less than or equal to 1048576")],
+    [
+        ("warp_size", 4096, "warp_size: Input should be less than or equal to 1024"),
+        ("sm_count", 2**40, "sm_count: Input should be less than or equal to 1048576"),
+    ],
 )
 def test_hardware_figures_have_physical_ranges(tmp_path, field, value, fragment):
     root = _tree(tmp_path, **{field: value})

@@ -54,9 +54,7 @@ block = { expr = "16 if model.num_experts > 32 else 64" }
 
 
 def test_a_rule_reading_a_field_the_model_lacks_names_model_rule_and_field(tmp_path):
-    root = make_tree(
-        tmp_path, {"h": hw_toml("nvidia", 90)}, {"experts": EXPERTS}, models={"dense": DENSE, "big": MOE}
-    )
+    root = make_tree(tmp_path, {"h": hw_toml("nvidia", 90)}, {"experts": EXPERTS}, models={"dense": DENSE, "big": MOE})
     (root / "specs" / "project.toml").write_text('default_model = "big"\n')
     result = run_cli("--root", str(root), "build")
     assert result.code == 2 and "Traceback" not in result.err, result
@@ -65,7 +63,9 @@ def test_a_rule_reading_a_field_the_model_lacks_names_model_rule_and_field(tmp_p
     assert "for model dense (specs/models/dense.toml)" in line
     assert "the rule reads 'model.num_experts', which model dense (specs/models/dense.toml) does not set" in line
     # Naming the models it serves fixes it.
-    (root / "specs/kernels/experts.toml").write_text(EXPERTS.replace('doc = "reads the expert count"', 'doc = "x"\nmodels = ["big"]'))
+    (root / "specs/kernels/experts.toml").write_text(
+        EXPERTS.replace('doc = "reads the expert count"', 'doc = "x"\nmodels = ["big"]')
+    )
     assert run_cli("--root", str(root), "build").code == 0
 
 
@@ -80,7 +80,12 @@ def test_a_rule_reading_a_field_the_model_lacks_names_model_rule_and_field(tmp_p
     ids=["experts without top_k", "heads", "missing core field", "unknown key"],
 )
 def test_bad_model_specs_are_spec_errors(tmp_path, text, fragment):
-    root = make_tree(tmp_path, {"h": hw_toml("nvidia", 90)}, {"experts": EXPERTS.replace("model.num_experts > 32", "1 > 0")}, models={"dense": text})
+    root = make_tree(
+        tmp_path,
+        {"h": hw_toml("nvidia", 90)},
+        {"experts": EXPERTS.replace("model.num_experts > 32", "1 > 0")},
+        models={"dense": text},
+    )
     result = run_cli("--root", str(root), "build")
     assert result.code == 2 and "Traceback" not in result.err, result
     assert fragment in result.err
@@ -122,7 +127,9 @@ def test_no_hw_means_the_forced_target_then_the_device_then_the_default():
 
 
 def test_without_a_default_target_and_a_device_the_error_stays_clear(tmp_path):
-    root = make_tree(tmp_path / "t", {"h": hw_toml("nvidia", 90)}, {"experts": EXPERTS.replace("model.num_experts > 32", "1 > 0")})
+    root = make_tree(
+        tmp_path / "t", {"h": hw_toml("nvidia", 90)}, {"experts": EXPERTS.replace("model.num_experts > 32", "1 > 0")}
+    )
     assert run_cli("--root", str(root), "build").code == 0
     code = (
         "import sys; sys.path.insert(0, '.')\n"

@@ -36,7 +36,11 @@ def test_the_wheel_carries_templates_and_runtime_and_builds_this_tree(tmp_path):
     shutil.copytree(REPO / "specs", root / "specs")
     env = dict(os.environ, PYTHONPATH=str(site))
     where = subprocess.run(
-        [sys.executable, "-c", "import codegen, codegen.render as r; print(codegen.__file__); print(r.packaged_templates())"],
+        [
+            sys.executable,
+            "-c",
+            "import codegen, codegen.render as r; print(codegen.__file__); print(r.packaged_templates())",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -45,7 +49,11 @@ def test_the_wheel_carries_templates_and_runtime_and_builds_this_tree(tmp_path):
     assert where.returncode == 0, where.stderr
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
     build = subprocess.run(
-        [sys.executable, "-m", "codegen", "--root", str(root), "build"], cwd=tmp_path, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "codegen", "--root", str(root), "build"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert build.returncode == 0, build.stderr
     built = {k: v[0] for k, v in snapshot(root / "generated").items()}

@@ -440,7 +440,11 @@ def test_a_target_list_names_parts_of_the_policys_vendor(tmp_path):
 
 def test_a_field_no_policy_in_the_chain_sets_is_an_error_naming_the_target(tmp_path):
     hardware = {"h": hw_toml("nvidia", 90, optin=LARGE)}
-    make_tree(tmp_path, hardware, {"c": CHAINED.format(policies='[[c.policy]]\nvendor = "nvidia"\nmin_arch = 80\nblock = 8\n')})
+    make_tree(
+        tmp_path,
+        hardware,
+        {"c": CHAINED.format(policies='[[c.policy]]\nvendor = "nvidia"\nmin_arch = 80\nblock = 8\n')},
+    )
     with pytest.raises(SpecErrors) as exc:
         resolve.resolve(load.load(tmp_path))
     text = str(exc.value)

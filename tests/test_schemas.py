@@ -35,9 +35,19 @@ def test_every_spec_file_names_its_schema_and_passes_it(rel):
         ("specs/hardware/h200.toml", "warp_size = 32", 'warp_size = "32"', "'32' is not of type 'integer'"),
         ("specs/hardware/h200.toml", "sm_count = 132", "sm_cout = 132", "Additional properties are not allowed"),
         ("specs/kernels/matmul.toml", "block_m = 128\n", "blok_m = 128\n", "'blok_m' was unexpected"),
-        ("specs/kernels/matmul.toml", 'kernel = "grouped"', 'kernel = "groupd"', "'groupd' is not valid under any of the given schemas"),
+        (
+            "specs/kernels/matmul.toml",
+            'kernel = "grouped"',
+            'kernel = "groupd"',
+            "'groupd' is not valid under any of the given schemas",
+        ),
         ("specs/kernels/transform.toml", "num_warps = {", "num_warps = { exp = 1, ", "'exp' was unexpected"),
-        ("specs/models/qwen36.toml", "head_dim = 256", "head_dim = -256", "-256 is less than or equal to the minimum of 0"),
+        (
+            "specs/models/qwen36.toml",
+            "head_dim = 256",
+            "head_dim = -256",
+            "-256 is less than or equal to the minimum of 0",
+        ),
     ],
     ids=["string for int", "misspelt key", "unknown field in a bucket", "not a choice", "bad rule", "negative"],
 )
@@ -53,7 +63,11 @@ def test_a_bad_spec_file_fails_its_schema(rel, old, new, fragment):
 def test_check_keeps_the_schemas_current(project):
     assert run_cli("--root", str(project), "check").code == 0
     cache = project / "specs/kernels/cache.toml"
-    cache.write_text(cache.read_text().replace('copy_block_size = { type = "int", doc = "', 'copy_block_size = { type = "int", doc = "Now: '))
+    cache.write_text(
+        cache.read_text().replace(
+            'copy_block_size = { type = "int", doc = "', 'copy_block_size = { type = "int", doc = "Now: '
+        )
+    )
     result = run_cli("--root", str(project), "check")
     assert result.code == 1 and "stale: schemas/kernels/cache.schema.json" in result.out
     assert run_cli("--root", str(project), "schema").code == 0

@@ -100,7 +100,9 @@ def test_selectors_look_up_the_model_whose_parameters_match(seed, D):
     assert llama == D.dispatch_kernel_config("attention", "h200", model="llama31_8b")
     with pytest.raises(KeyError) as exc:
         D.select_attention_config("h200", 2, 96, 4096, 2)
-    assert "no model has dtype_size=2, head_dim=96" in str(exc.value) and "qwen36 (dtype_size=2, head_dim=256" in str(exc.value)
+    assert "no model has dtype_size=2, head_dim=96" in str(exc.value) and "qwen36 (dtype_size=2, head_dim=256" in str(
+        exc.value
+    )
 
 
 def test_helpers_default_their_limits_from_the_default_target(seed, D):
@@ -112,7 +114,7 @@ def test_helpers_default_their_limits_from_the_default_target(seed, D):
 
 def test_records_construct_as_the_seeds_do(seed, D):
     assert D.HardwareCapability() == D.HARDWARE["bi_v100"]
-    assert D.HardwareCapability() .sm_count == seed.HardwareCapability().sm_count
+    assert D.HardwareCapability().sm_count == seed.HardwareCapability().sm_count
     custom = D.HardwareCapability(vendor="iluvatar", arch_version=100, sm_count=16)
     assert custom == D.BI_V100
     assert _same(D.AttentionConfig(), seed.AttentionConfig())

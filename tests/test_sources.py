@@ -9,10 +9,22 @@ from conftest import run_cli, snapshot
     "old, new, fragment",
     [
         ('sm_count = "WP DEV"\n', "", "cite: 'sm_count' is not cited"),
-        ('sm_count = "WP DEV"', 'sm_count = "WP WIKI"', "cite.sm_count: names no source of [sources] (CCG, DS, WP, DEV, CCCL)"),
+        (
+            'sm_count = "WP DEV"',
+            'sm_count = "WP WIKI"',
+            "cite.sm_count: names no source of [sources] (CCG, DS, WP, DEV, CCCL)",
+        ),
         ('sm_count = "WP DEV"', 'sm_count = "measured:"', "cite.sm_count: 'measured:' needs a reason after it"),
-        ('sm_count = "WP DEV"', 'sm_count = "WP DEV"\nsm_counts = "WP"', "cite.sm_counts: not a number or feature of the spec"),
-        ('bytes_in_flight = "CCCL"', 'bytes_in_flight = "inferred: like the H100"', "sources.CCCL: no number cites this source"),
+        (
+            'sm_count = "WP DEV"',
+            'sm_count = "WP DEV"\nsm_counts = "WP"',
+            "cite.sm_counts: not a number or feature of the spec",
+        ),
+        (
+            'bytes_in_flight = "CCCL"',
+            'bytes_in_flight = "inferred: like the H100"',
+            "sources.CCCL: no number cites this source",
+        ),
     ],
     ids=["uncited", "unknown source", "no reason", "not a field", "unused source"],
 )

@@ -68,7 +68,9 @@ def test_a_symbol_changes_name_when_its_own_values_change(tmp_path):
     before = _symbols(base)["dispatch.py"]
     changed = _copy(tmp_path, "changed")
     cache = changed / "specs/kernels/cache.toml"
-    cache.write_text(cache.read_text().replace("min(256, hw.max_threads_per_block)", "min(128, hw.max_threads_per_block)"))
+    cache.write_text(
+        cache.read_text().replace("min(256, hw.max_threads_per_block)", "min(128, hw.max_threads_per_block)")
+    )
     assert run_cli("--root", str(changed), "build").code == 0
     after = _symbols(changed)["dispatch.py"]
     assert {s for s in before - after if s.startswith("CACHE_")}
