@@ -44,7 +44,6 @@ import jinja2
 
 from . import context as ctx
 from .errors import SpecErrors, SpecProblem
-from .records import Module as DeclaredModule
 from .records import Resolution
 
 
@@ -142,7 +141,6 @@ class Module:
     context_file: str | None  # a family's context file beside its template
     configs: tuple[str, ...]  # the configs the template sees
     sources: tuple[str, ...]  # spec files it is generated from (its header)
-    declared: DeclaredModule | None = None  # None for the built-in modules
 
     @property
     def path(self) -> str:
@@ -191,12 +189,12 @@ def render(resolution: Resolution) -> Rendered:
     module's template or context file cannot be found or loaded."""
     env = make_env(resolution.tree.root)
     modules = module_list(resolution)
-    problems = check_needs(resolution) + check_templates(resolution, env) + check_selectors(resolution)
+    problems = check_needs(resolution) + check_templates(resolution) + check_selectors(resolution)
     if problems:
         raise SpecErrors(problems)
     files: dict[str, GeneratedFile] = {}
     for module in modules:
-        context = module_context(resolution, module, modules, env)
+        context = module_context(resolution, module, modules)
         if module.name == "dispatch":
             problems = check_record_names(resolution, env, context)
             if problems:
@@ -255,15 +253,12 @@ def module_list(resolution: Resolution) -> tuple[Module, ...]:
                 m.spec.context,
                 reads,
                 _files(resolution, reads, m.source.path),
-                m,
             )
         )
     return tuple(modules)
 
 
-def module_context(
-    resolution: Resolution, module: Module, modules: tuple[Module, ...], env: jinja2.Environment
-) -> dict[str, Any]:
+def module_context(resolution: Resolution, module: Module, modules: tuple[Module, ...]) -> dict[str, Any]:
     context = ctx.base_context(resolution, module.configs)
     context["modules"] = [{"name": m.name, "doc": ctx.comment_text(m.doc)} for m in modules if m.name != "__init__"]
     context["module"] = {"name": module.name, "path": module.path, "doc": ctx.comment_text(module.doc)}
@@ -302,12 +297,16 @@ def load_context_function(root: Path, name: str) -> Callable[[dict[str, Any]], d
     return _load_module_file(str(path), path.stat().st_mtime_ns)
 
 
-def check_templates(resolution: Resolution, env: jinja2.Environment) -> list[SpecProblem]:
-    """Every declared module's template and context file exists in a template folder."""
+def check_templates(resolution: Resolution) -> list[SpecProblem]:
+    """Every declared module has a name of its own and a template and context file that exist
+    in a template folder."""
     root = resolution.tree.root
     where = " or ".join(str(d) for d in template_dirs(root)) or f"{root / 'templates'}"
     problems = []
+    builtin = {name for name, _, _ in BUILTIN}
     for m in resolution.tree.modules:
+        if m.name in builtin:
+            problems.append(m.source.problem((), f"generated/{m.name}.py is built in; name the module otherwise"))
         for key, name in (("template", m.spec.template), ("context", m.spec.context)):
             if name is not None and find_template_file(root, name) is None:
                 problems.append(m.source.problem((key,), f"no such file in {where}", value=name))

@@ -199,3 +199,10 @@ def test_a_module_that_reads_a_missing_field_is_a_spec_error(tmp_path):
     result = run_cli("--root", str(root), "build")
     assert result.code == 2, result
     assert "field 'rows' is missing from TileConfig: generated/toy.py reads it" in result.err
+
+
+def test_a_module_spec_may_not_take_a_built_in_name(tmp_path):
+    root = _toy_root(tmp_path, dispatch=TOY_MODULE)
+    result = run_cli("--root", str(root), "build")
+    assert result.code == 2, result
+    assert "specs/modules/dispatch.toml: <top level>: generated/dispatch.py is built in" in result.err
