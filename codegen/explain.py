@@ -13,7 +13,7 @@ from typing import Any
 
 from . import rules
 from .records import Config, ExprValue, LiteralValue, PickValue, Policy, Resolution, VariantResolution
-from .resolve import _model_scope, _Scope, chain, hw_namespace
+from .resolve import Scope, chain, hw_namespace, model_scope
 
 
 def _chain(cfg: Config, policy: Policy) -> list[Policy]:
@@ -71,11 +71,11 @@ def explain(res: Resolution, name: str, field: str, hw_name: str, model: str | N
     chained = _chain(cfg, policy)
     if len(chained) > 1:
         lines.append(f"  chains from {' -> '.join(p.label for p in chained[1:])}")
-    scope_model = _model_scope(tree, model)
+    scope_model = model_scope(tree, model)
     buckets = policy.buckets if policy.buckets is not None else (None,)
     for bucket in buckets:
         values = bucket.values if bucket is not None else policy.values
-        scope = _Scope(cfg, values, variant.params, hw_namespace(hw), scope_model)
+        scope = Scope(cfg, values, variant.params, hw_namespace(hw), scope_model)
         indent = "  "
         if bucket is not None:
             bounds = " ".join(f"{b.dim}{'<=' if b.kind == 'max' else '>='}{b.value}" for b in bucket.bounds) or "any"
@@ -86,7 +86,7 @@ def explain(res: Resolution, name: str, field: str, hw_name: str, model: str | N
     return lines
 
 
-def _explain_value(cfg: Config, scope: _Scope, field: str, values: Any, indent: str) -> list[str]:
+def _explain_value(cfg: Config, scope: Scope, field: str, values: Any, indent: str) -> list[str]:
     value = values.get(field)
     where = cfg.source.where(value.keypath) if value is not None else "the field's default"
     result = scope.get(field)
@@ -111,7 +111,7 @@ def _explain_value(cfg: Config, scope: _Scope, field: str, values: Any, indent: 
     return lines
 
 
-def _explain_checks(cfg: Config, scope: _Scope, indent: str) -> list[str]:
+def _explain_checks(cfg: Config, scope: Scope, indent: str) -> list[str]:
     lines = []
     env = scope.env()
     for check in cfg.checks:
@@ -123,22 +123,9 @@ def _explain_checks(cfg: Config, scope: _Scope, indent: str) -> list[str]:
         except rules.RuleError as exc:
             lines.append(f"{indent}check '{check.spec.name}': error: {exc}")
             continue
-        detail = _comparison(check.rule, env) if ok else rules.explain_failure(check.rule, env)
+        detail = rules.explain_holds(check.rule, env) if ok else rules.explain_failure(check.rule, env)
         lines.append(f"{indent}check '{check.spec.name}': {'passes' if ok else 'FAILS'} ({detail})")
     return lines
-
-
-def _comparison(expr: rules.Expr, env: rules.Env) -> str:
-    """The numbers of a check that holds, as its source with values: ``smem_bytes = 98,304 <= ...``."""
-    import ast
-
-    node = expr.tree.body
-    if isinstance(node, ast.Compare) and len(node.ops) == 1:
-        left = rules._eval(node.left, env)
-        right = rules._eval(node.comparators[0], env)
-        op = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}[type(node.ops[0])]
-        return f"{rules._show(node.left, left)} {op} {rules._show(node.comparators[0], right)}"
-    return f"'{expr.source}'"
 
 
 # ---------------------------------------------------------------------------

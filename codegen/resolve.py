@@ -70,7 +70,7 @@ def resolve(tree: SpecTree) -> Resolution:
                 params = cfg.variants[variant]
                 problems: list = []  # SpecProblems and _CheckFailures
                 resolved: dict[str, Resolved] = {}
-                scope = _model_scope(tree, model)
+                scope = model_scope(tree, model)
                 for hw in tree.hardware:
                     r = _resolve_one(cfg, params, hw, hw_ns[hw.name], scope, problems)
                     if r is not None:
@@ -158,7 +158,7 @@ def _merge_targets(cfg: Config, problems: list) -> list[SpecProblem]:
 
 
 @dataclass(frozen=True)
-class _ModelScope:
+class ModelScope:
     """The model a config is resolved for: its namespace and how messages name it."""
 
     name: str | None
@@ -166,11 +166,11 @@ class _ModelScope:
     label: str  # "model llama31_8b (specs/models/llama31_8b.toml)"; "" without a model
 
 
-def _model_scope(tree: SpecTree, model: str | None) -> _ModelScope:
+def model_scope(tree: SpecTree, model: str | None) -> ModelScope:
     if model is None:
-        return _ModelScope(None, {}, "")
+        return ModelScope(None, {}, "")
     m = tree.models[model]
-    return _ModelScope(model, model_rule_namespace(m.spec), f"model {model} ({m.source.path})")
+    return ModelScope(model, model_rule_namespace(m.spec), f"model {model} ({m.source.path})")
 
 
 def _merge_variants(found: list[tuple[SpecProblem, Config, str]]) -> list[SpecProblem]:
@@ -207,7 +207,7 @@ def _resolve_one(
     params: Mapping[str, Any],
     hw: Hardware,
     hw_ns: Mapping[str, Any],
-    model: _ModelScope,
+    model: ModelScope,
     problems: list[SpecProblem],
 ) -> Resolved | None:
     policy = chain(cfg, hw)
@@ -255,7 +255,7 @@ def _evaluate(
     values: Mapping[str, Value],
     params: Mapping[str, Any],
     hw_ns: Mapping[str, Any],
-    model: _ModelScope,
+    model: ModelScope,
     keypath: tuple,
     context: "_Where",
     problems: list,
@@ -271,7 +271,7 @@ def _evaluate(
             )
         )
         return None
-    scope = _Scope(cfg, values, params, hw_ns, model)
+    scope = Scope(cfg, values, params, hw_ns, model)
     record = []
     for name, field_spec in cfg.fields.items():
         try:
@@ -312,7 +312,7 @@ def _type_error(name: str, ftype: str, choices: tuple | None, value: Any) -> str
     return None
 
 
-def _run_check(check: Check, scope: "_Scope") -> str | None:
+def _run_check(check: Check, scope: "Scope") -> str | None:
     env = scope.env()
     try:
         if check.when is not None and not rules.evaluate(check.when, env):
@@ -329,7 +329,7 @@ def _run_check(check: Check, scope: "_Scope") -> str | None:
         return str(exc)
 
 
-def _fitting_value(check: Check, scope: "_Scope") -> str | None:
+def _fitting_value(check: Check, scope: "Scope") -> str | None:
     """For a failed check: the largest smaller values of the int fields it reads (directly or
     through derived values) with which the record would pass every check, one field changed at
     a time; e.g. "block_k = 32, or num_stages = 2".  None where no such change passes."""
@@ -363,7 +363,7 @@ def _smaller(value: int) -> list[int]:
     return out[:24]
 
 
-def _passes_all(scope: "_Scope") -> bool:
+def _passes_all(scope: "Scope") -> bool:
     env = scope.env()
     try:
         for check in scope.cfg.checks:
@@ -381,7 +381,7 @@ class _Namespace:
         self.__dict__.update(values)
 
 
-def _format_message(template: str, scope: "_Scope") -> str:
+def _format_message(template: str, scope: "Scope") -> str:
     class Lookup(dict):
         def __missing__(self, key: str) -> Any:
             if key == "hw":
@@ -421,7 +421,7 @@ def _wide_format_spec(template: str) -> str | None:
     return None
 
 
-class _Scope:
+class Scope:
     """Lazy, memoised evaluation of one record's fields and derived values."""
 
     def __init__(
@@ -430,7 +430,7 @@ class _Scope:
         values: Mapping[str, Value],
         params: Mapping[str, Any],
         hw_ns: Mapping[str, Any],
-        model: _ModelScope,
+        model: ModelScope,
         fixed: Mapping[str, Any] | None = None,
     ):
         self.cfg = cfg
@@ -448,9 +448,9 @@ class _Scope:
         labels = {"model": self.model.label} if self.model.name is not None else None
         return rules.Env(self.get, {"hw": self.hw_ns, "model": self.model.namespace}, labels)
 
-    def trying(self, name: str, candidate: Any) -> "_Scope":
+    def trying(self, name: str, candidate: Any) -> "Scope":
         """A scope in which ``name`` is ``candidate``: derived values that read it follow."""
-        return _Scope(self.cfg, self.values, self.params, self.hw_ns, self.model, {**self.fixed, name: candidate})
+        return Scope(self.cfg, self.values, self.params, self.hw_ns, self.model, {**self.fixed, name: candidate})
 
     def get(self, name: str) -> Any:
         if name in self.fixed:

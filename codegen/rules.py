@@ -300,6 +300,16 @@ def explain_failure(expr: Expr, env: Env) -> str:
     return f"'{ast.unparse(node)}' is false"
 
 
+def explain_holds(expr: Expr, env: Env) -> str:
+    """The numbers of a rule that holds, where it is one comparison: ``a * b = 98,304 <= c =
+    101,376``; else its source text."""
+    node = expr.tree.body
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        left, right = _eval(node.left, env), _eval(node.comparators[0], env)
+        return f"{_show(node.left, left)} {_CMPOPS[type(node.ops[0])][1]} {_show(node.comparators[0], right)}"
+    return f"'{expr.source}'"
+
+
 def _failing_node(node: ast.AST, env: Env) -> ast.AST:
     if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
         for sub in node.values:
