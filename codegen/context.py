@@ -41,7 +41,8 @@ An instantiation (targets of one vendor whose resolved values are equal): ``symb
 policies and lines it came from), ``targets`` (``"a100 (80), h100 (90)"``), ``target_names``,
 ``values`` (``[(field, literal)]``, plain configs) / ``record`` (``{field: value}``), and for
 bucketed configs ``buckets``: ``[{"index", "name", "note", "bounds": [(dim, "min"|"max",
-value)], "record": {field: value}, "values": [(field, literal)]}]``.
+value)], "conditions": ["M <= 16", ...], "record": {field: value}, "values": [(field, literal)]}]``
+(``conditions``: the bounds on the selector's arguments, the dimensions upper-cased).
 """
 
 from __future__ import annotations
@@ -67,6 +68,22 @@ def docstring_text(text: str) -> str:
     """``text`` safe to print inside a triple-quoted docstring: one line, its backslashes
     doubled and its triple quotes broken up."""
     return comment_text(text.replace("\\", "\\\\")).replace('"""', '\\"\\"\\"')
+
+
+def literal(value: Any) -> str:
+    """``value`` as a Python literal in black's style (a string in double quotes where that needs
+    no escape), for statements a template lays out itself (``# fmt: skip``, which black leaves as
+    they are)."""
+    text = repr(value)
+    if isinstance(value, str) and text.startswith("'") and '"' not in value:
+        return '"' + text[1:-1] + '"'
+    return text
+
+
+def bound_conditions(bounds: Any) -> list[str]:
+    """A bucket's bounds as Python comparisons on its dimensions' selector arguments, which are
+    the dimension names upper-cased: ``["M <= 16", "N >= 8192"]``."""
+    return [f"{b.dim.upper()} {'<=' if b.kind == 'max' else '>='} {b.value}" for b in bounds]
 
 
 def symbol(vr: VariantResolution, inst: Instantiation) -> str:
@@ -158,6 +175,7 @@ def _instantiation(tree: SpecTree, vr: VariantResolution, inst: Instantiation) -
                 "name": b.name,
                 "note": comment_text(b.note),
                 "bounds": [(x.dim, x.kind, x.value) for x in b.bounds],
+                "conditions": bound_conditions(b.bounds),
                 "record": dict(b.record),
                 "values": [(k, repr(v)) for k, v in b.record],
             }

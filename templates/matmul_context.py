@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from codegen.context import literal
+
 # Record fields that become a Triton kernel's constants (the rest choose the backend).
 KERNEL_FIELDS = (
     "kernel",
@@ -31,8 +33,6 @@ SERVED_BY = {
     "library": "vendor library",
     "triton_in_graphs": "Triton in CUDA graphs, vendor library eagerly",
 }
-# Run-time dimensions of the buckets: spec name -> the selector's argument.
-DIM = {"m": "M", "n": "N", "k": "K"}
 
 
 def kernel_name(tag: str, c: dict[str, Any]) -> str:
@@ -65,16 +65,6 @@ def kernel_summary(c: dict[str, Any]) -> str:
     if c["epilogue_subtile"] > 1:
         parts.append("split epilogue")
     return ", ".join(parts) + "."
-
-
-def literal(value: Any) -> str:
-    """``value`` as a Python literal in black's style (a string in double quotes where that needs
-    no escape), for the statements the template lays out itself (``# fmt: skip``, which black
-    leaves as they are)."""
-    text = repr(value)
-    if isinstance(value, str) and text.startswith("'") and '"' not in value:
-        return '"' + text[1:-1] + '"'
-    return text
 
 
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -119,7 +109,7 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
                 rec = b["record"]
                 consts = {f: rec[f] for f in KERNEL_FIELDS}
                 kname = kernel_for(tag, dtype_bytes, consts, f"{pname} {b['name']}")
-                bounds = [f"{DIM[dim]} {'<=' if kind == 'max' else '>='} {value}" for dim, kind, value in b["bounds"]]
+                bounds = b["conditions"]
                 buckets.append(
                     {
                         "index": b["index"],

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from codegen.context import literal
+
 # Record fields that become the kernels' constants (every field of a moe_launch record).
 KERNEL_FIELDS = (
     "kernel",
@@ -21,8 +23,6 @@ KERNEL_FIELDS = (
     "num_stages",
     "fuse_sum",
 )
-# Run-time dimensions of the buckets: spec name -> the selector's argument.
-DIM = {"t": "T"}
 
 
 def kernel_name(tag: str, c: dict[str, Any]) -> str:
@@ -54,15 +54,6 @@ def kernel_summary(c: dict[str, Any]) -> str:
     return ", ".join(parts) + "."
 
 
-def literal(value: Any) -> str:
-    """``value`` as a Python literal in black's style (a string in double quotes where that needs
-    no escape), for the statements the template lays out itself (``# fmt: skip``)."""
-    text = repr(value)
-    if isinstance(value, str) and text.startswith("'") and '"' not in value:
-        return '"' + text[1:-1] + '"'
-    return text
-
-
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
     kernels: dict[str, dict[str, Any]] = {}
     policies = []
@@ -89,7 +80,7 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
                     },
                 )
                 entry["users"].append(f"{pname} {b['name']}")
-                bounds = [f"{DIM[dim]} {'<=' if kind == 'max' else '>='} {value}" for dim, kind, value in b["bounds"]]
+                bounds = b["conditions"]
                 buckets.append(
                     {
                         "index": b["index"],
