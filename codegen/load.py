@@ -39,7 +39,7 @@ from .models import (
     ProjectSpec,
     VendorSpec,
 )
-from .policies import NAME_RE, load_policies
+from .policies import NAME_RE, load_policies, load_tune
 from .records import Check, Config, FrozenMap, Hardware, Model, Module, Project, Source, SpecTree, Vendor, frozen
 from .source import is_dir, listdir, non_finite, out_of_range, read_text, regular_file_problem, toml_error_line
 
@@ -495,6 +495,21 @@ def _load_config(
         hardware=hardware,
         problems=problems,
     )
+    tune = None
+    if spec.tune is not None:
+        tune = load_tune(
+            config=name,
+            record=spec.record,
+            fields=spec.fields,
+            dims=spec.buckets.dims if spec.buckets is not None else None,
+            variants=variants,
+            policies=policies,
+            base=base,
+            spec=spec.tune,
+            source=source,
+            parse_rule=parse_rule,
+            problems=problems,
+        )
     _check_selector(name, spec, variants, source, problems)
     for const, target in spec.constants.items():
         if target not in variants and target not in spec.aliases:
@@ -527,6 +542,7 @@ def _load_config(
         base=base,
         selector=spec.selector,
         constants=FrozenMap(spec.constants),
+        tune=tune,
     )
 
 

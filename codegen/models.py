@@ -425,6 +425,78 @@ class CheckSpec(Spec):
     message: StrictStr | None = None
 
 
+class ProvenanceSpec(Spec):
+    """Where a policy's or bucket's values were measured: the table ``codegen tune`` writes next
+    to the values it changes (``provenance = { ... }``), so a reader of the spec sees on what
+    part, with what software and against what the numbers won, not only a free-text note."""
+
+    tool: StrictStr  # "codegen tune"
+    device: StrictStr  # the device name the driver reports ("NVIDIA H200")
+    driver: StrictStr
+    torch: StrictStr
+    triton: StrictStr
+    date: Annotated[StrictStr, Field(pattern=r"^\d{4}-\d{2}-\d{2}$")]
+    # The problem shapes timed (one value per bucket dimension, "MxNxK"-style).
+    shapes: tuple[StrictStr, ...] = Field(min_length=1)
+    # Geometric mean over the shapes of (previous config's time / this config's time).
+    vs_previous: Annotated[StrictFloat, Field(gt=0)]
+    # The same against the vendor library, where the family has one.
+    vs_library: Annotated[StrictFloat, Field(gt=0)] | None = None
+    # Run-to-run spread of the measurement (the previous config against itself); a winner had to
+    # beat the previous config by more than this.
+    spread: Annotated[StrictFloat, Field(ge=0)]
+    # The values this change replaced, as they were written.
+    previous: Annotated[dict[FieldName, Scalar | dict[str, Any]], Frozen] = {}
+    command: StrictStr
+
+
+class TuneBackendSpec(Spec):
+    """A field that says who serves a bucket, which the tuner may flip between the vendor library
+    and the family's kernel by what it measured."""
+
+    field: FieldName
+    library: Scalar  # the value meaning "the vendor library serves"
+    kernel: Scalar  # the value written where the kernel beats the library by more than the spread
+    # Values the tuner never changes: chosen for reasons it does not measure (host launch time).
+    keep: tuple[Scalar, ...] = ()
+
+
+class TuneSpaceSpec(Spec):
+    """One region of a family's search space: the product of its axes, over the incumbent
+    bucket's values for the fields it does not name."""
+
+    name: Ident
+    doc: DocText = ""
+    # The buckets it applies to (by name); None: every bucket.
+    buckets: tuple[Ident, ...] | None = None
+    # Field -> the values to try, each a literal or { expr = "..." } (load.py parses them as
+    # policy values; the written spec gets them as they are written here).
+    axes: Annotated[dict[FieldName, tuple[Scalar | dict[str, Any], ...]], Frozen] = Field(min_length=1)
+
+
+class TuneSpec(Spec):
+    """``[<config>.tune]``: what ``python -m codegen tune <config>`` needs to tune this family;
+    no code per family in the tuner."""
+
+    # "module:attribute" of the family's tuning harness: ordinary Python (in policy_runtime) that
+    # builds a problem for a shape and runs a record's kernel, the incumbent's and the library's.
+    harness: Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")]
+    # The variant whose records are timed (others are only checked); the harness's dtype.
+    variant: Ident
+    dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
+    # Default problem shapes, one value per bucket dimension in order; each is timed for the
+    # bucket that serves it.
+    shapes: tuple[tuple[PosInt, ...], ...] = Field(min_length=1)
+    # Relative error (Frobenius norm, against the harness's fp32 reference) above which a
+    # candidate is disqualified.
+    tolerance: Annotated[StrictFloat, Field(gt=0)]
+    rounds: PosInt = 6  # interleaved timing rounds per chunk of candidates
+    chunk: PosInt = 8  # candidates timed together with the incumbent and the library
+    budget_s: PosInt = 900  # default --budget
+    backend: TuneBackendSpec | None = None
+    space: tuple[TuneSpaceSpec, ...] = Field(min_length=1)
+
+
 class BucketDims(Spec):
     """Run-time dimensions a bucketed config's buckets may bound."""
 
@@ -434,7 +506,7 @@ class BucketDims(Spec):
 
 # Keys a config inherits through ``extends``: what its values are and how they are chosen.  Its
 # identity (record, doc, variants, aliases) is always its own.
-INHERITED_KEYS = ("models", "fields", "derived", "checks", "buckets", "policy", "base")
+INHERITED_KEYS = ("models", "fields", "derived", "checks", "buckets", "policy", "base", "tune")
 
 
 class SelectorSpec(Spec):
@@ -485,6 +557,8 @@ class ConfigSpec(Spec):
     # Serves any target no threshold serves (any vendor, below every threshold,
     # or past a max_arch).  Without one, such a target is an error.
     base: dict[str, Any] | None = None
+    # How ``codegen tune`` measures this family (bucketed configs only).
+    tune: TuneSpec | None = None
 
     @field_validator("variants")
     @classmethod
@@ -504,9 +578,11 @@ class ConfigSpec(Spec):
 
 
 # Keys of a policy table that are not record fields.
-POLICY_KEYS = ("vendor", "min_arch", "max_arch", "targets", "note", "tuned", "bucket")
-# Keys of a bucket table that are not record fields: a name and bounds.
-BUCKET_KEYS = ("name", "note")
+POLICY_KEYS = ("vendor", "min_arch", "max_arch", "targets", "note", "tuned", "provenance", "bucket", "amend")
+# Keys of a bucket table that are not record fields: a name, bounds, where its values come from.
+BUCKET_KEYS = ("name", "note", "provenance")
+# Keys of an amend table (a change to one bucket of the policy a policy chains from).
+AMEND_KEYS = ("bucket", "note", "provenance")
 BOUND_RE = re.compile(r"^([a-z])_(min|max)$")
 
 

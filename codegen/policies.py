@@ -10,8 +10,12 @@ target of the vendor) with the next lower threshold, or, for a policy limited
 to named ``targets``, the vendor's policy at or below its own threshold; the
 base policy when there is none.  A field no policy in the chain sets takes the
 field's ``default``.  A bucketed policy that lists no buckets takes its
-parent's, over its own values.  A field still unset is reported when resolve
-meets a target that the incomplete policy serves.
+parent's, over its own values, and may change some of them by name with
+``[[...amend]]`` tables (``bucket = "small"`` and the fields that differ): what
+``codegen tune`` writes for one part of an arch that others share.  A field
+still unset is reported when resolve meets a target that the incomplete policy
+serves.  ``provenance`` tables (``models.ProvenanceSpec``) say where values
+were measured.
 """
 
 from __future__ import annotations
@@ -21,7 +25,18 @@ from typing import Any, Callable, Mapping
 
 from . import rules
 from .errors import KeyPath, SpecProblem, format_keypath, validate
-from .models import BOUND_RE, BUCKET_KEYS, POLICY_KEYS, ExprRule, FieldSpec, PickRule, text_problem
+from .models import (
+    AMEND_KEYS,
+    BOUND_RE,
+    BUCKET_KEYS,
+    POLICY_KEYS,
+    ExprRule,
+    FieldSpec,
+    PickRule,
+    ProvenanceSpec,
+    TuneSpec,
+    text_problem,
+)
 from .records import (
     Bound,
     Bucket,
@@ -31,6 +46,8 @@ from .records import (
     PickValue,
     Policy,
     Source,
+    Tune,
+    TuneSpace,
     Value,
 )
 
@@ -40,12 +57,14 @@ ParseRule = Callable[..., "rules.Expr | None"]
 
 
 class _Raw:
-    """A policy as written: its own values and, for bucketed configs, its own buckets."""
+    """A policy as written: its own values and, for bucketed configs, its own buckets and its
+    amends of its parent's."""
 
-    def __init__(self, policy: Policy, own: dict[str, Value], buckets: list[tuple] | None):
+    def __init__(self, policy: Policy, own: dict[str, Value], buckets: list[tuple] | None, amends: list[tuple]):
         self.policy = policy
         self.own = own
-        self.buckets = buckets  # [(name, note, bounds, own values, keypath)] or None
+        self.buckets = buckets  # [(name, note, bounds, own values, keypath, provenance)] or None
+        self.amends = amends  # [(bucket name, note, own values, keypath, provenance)]
 
 
 def load_policies(
@@ -88,7 +107,11 @@ def load_policies(
         if id(r) not in chained:
             values, buckets = chain(_parent(r, raws, base))
             values.update(r.own)
-            chained[id(r)] = (values, r.buckets if r.buckets is not None else buckets)
+            if r.buckets is not None:
+                buckets = r.buckets
+            elif r.amends:
+                buckets = _amend(r, buckets, source, problems)
+            chained[id(r)] = (values, buckets)
         values, buckets = chained[id(r)]
         return dict(values), buckets
 
@@ -107,8 +130,8 @@ def load_policies(
                 )
             else:
                 out_buckets = tuple(
-                    Bucket(name, note, bounds, FrozenMap({**values, **own}), keypath)
-                    for name, note, bounds, own, keypath in buckets
+                    Bucket(name, note, bounds, FrozenMap({**values, **own}), keypath, prov)
+                    for name, note, bounds, own, keypath, prov in buckets
                 )
         return _replace(
             r.policy,
@@ -119,6 +142,35 @@ def load_policies(
 
     policies = tuple(finish(r) for r in raws)
     return policies, (finish(base) if base is not None else None)
+
+
+def _amend(r: _Raw, buckets: list[tuple] | None, source: Source, problems: list[SpecProblem]) -> list[tuple] | None:
+    """The parent's buckets with ``r``'s amends applied: an amended bucket keeps its name and
+    bounds and takes the amend's values over its own (and its note and provenance, if given)."""
+    if buckets is None:
+        problems.append(
+            source.problem(
+                r.policy.keypath + ("amend",),
+                "amend needs buckets to change: " "neither this policy nor one it chains from lists any",
+            )
+        )
+        return None
+    out = list(buckets)
+    names = [b[0] for b in out]
+    for bname, note, own, keypath, prov in r.amends:
+        if bname not in names:
+            problems.append(
+                source.problem(
+                    keypath + ("bucket",),
+                    f"no such bucket in the policy this one chains from (buckets: {', '.join(names)})",
+                    value=bname,
+                )
+            )
+            continue
+        i = names.index(bname)
+        name, old_note, bounds, old_own, _, old_prov = out[i]
+        out[i] = (name, note or old_note, bounds, {**old_own, **own}, keypath, prov or old_prov)
+    return out
 
 
 def _replace(policy: Policy, **changes: Any) -> Policy:
@@ -190,6 +242,7 @@ class _Ctx:
         tuned = raw.get("tuned", True)
         if type(tuned) is not bool:
             self.problem(path + ("tuned",), "must be true or false", value=tuned)
+        provenance = self.provenance(raw, path)
         if base:
             for key in ("vendor", "min_arch", "max_arch", "targets"):
                 if key in raw:
@@ -225,6 +278,7 @@ class _Ctx:
                 own[key] = parsed
 
         buckets = None
+        amends: list[tuple] = []
         if self.dims is not None:
             raw_buckets = raw.get("bucket")
             if raw_buckets is not None:
@@ -232,8 +286,12 @@ class _Ctx:
                     self.problem(path + ("bucket",), "a policy's [[...bucket]] list must not be empty")
                 else:
                     buckets = self._buckets(raw_buckets, path)
-        elif "bucket" in raw:
-            self.problem(path + ("bucket",), "this config is not bucketed (it has no [buckets] table)")
+            if "amend" in raw:
+                amends = self._amends(raw["amend"], path, base=base, own_buckets=raw_buckets is not None)
+        else:
+            for key in ("bucket", "amend"):
+                if key in raw:
+                    self.problem(path + (key,), "this config is not bucketed (it has no [buckets] table)")
 
         if len(self.problems) > start:
             return None
@@ -247,8 +305,59 @@ class _Ctx:
             buckets=None,
             keypath=path,
             tuned=tuned is True,
+            provenance=provenance,
         )
-        return _Raw(policy, own, buckets)
+        return _Raw(policy, own, buckets, amends)
+
+    def provenance(self, raw: dict[str, Any], path: KeyPath) -> ProvenanceSpec | None:
+        if "provenance" not in raw:
+            return None
+        return validate(ProvenanceSpec, raw["provenance"], self.source, path + ("provenance",), self.problems)
+
+    def _amends(self, raw_amends: Any, path: KeyPath, *, base: bool, own_buckets: bool) -> list[tuple]:
+        if base:
+            self.problem(path + ("amend",), "the base policy chains from nothing: write its buckets instead")
+            return []
+        if own_buckets:
+            self.problem(
+                path + ("amend",), "this policy lists its own buckets: change those instead of amending its parent's"
+            )
+            return []
+        if not isinstance(raw_amends, list) or not raw_amends:
+            self.problem(path + ("amend",), "a policy's [[...amend]] list must not be empty")
+            return []
+        out = []
+        seen: set[str] = set()
+        for j, ra in enumerate(raw_amends):
+            apath = path + ("amend", j)
+            if not isinstance(ra, dict):
+                self.problem(apath, "an amend must be a table", value=ra)
+                continue
+            bname = ra.get("bucket")
+            if not isinstance(bname, str) or not NAME_RE.match(bname):
+                self.problem(apath + ("bucket",), "must name a bucket of the policy this one chains from", value=bname)
+                continue
+            if bname in seen:
+                self.problem(apath + ("bucket",), "this bucket is already amended in this policy", value=bname)
+            seen.add(bname)
+            note = ra.get("note", "")
+            self.note(note, apath + ("note",))
+            own: dict[str, Value] = {}
+            for key, value in ra.items():
+                if key in AMEND_KEYS:
+                    continue
+                if key not in self.fields:
+                    self.problem(
+                        apath + (key,),
+                        f"not a field of {self.record} (an amend changes field values, not bounds)",
+                        value=value,
+                    )
+                    continue
+                parsed = self.value(key, value, apath + (key,))
+                if parsed is not None:
+                    own[key] = parsed
+            out.append((bname, note, own, apath, self.provenance(ra, apath)))
+        return out
 
     def _targets(self, targets: Any, vendor: Any, path: KeyPath) -> tuple[str, ...] | None:
         if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
@@ -317,7 +426,7 @@ class _Ctx:
         if len(self.problems) > start:
             return None
         ordered = tuple(sorted(bounds, key=lambda b: (self.dims.index(b.dim), b.kind)))  # type: ignore[union-attr]
-        return (name, note, ordered, own, path)
+        return (name, note, ordered, own, path, self.provenance(raw, path))
 
     def note(self, note: Any, path: KeyPath) -> None:
         """A policy's or bucket's note: one line of text, like every doc (models.text_problem)."""
@@ -362,3 +471,80 @@ class _Ctx:
             self.problem(path, f"'{name}' must be one of {', '.join(map(repr, field_spec.choices))}", value=raw)
             return None
         return LiteralValue(path, raw)
+
+
+def load_tune(
+    *,
+    config: str,
+    record: str,
+    fields: Mapping[str, FieldSpec],
+    dims: tuple[str, ...] | None,
+    variants: Mapping[str, Any],
+    policies: tuple[Policy, ...],
+    base: Policy | None,
+    spec: TuneSpec,
+    source: Source,
+    parse_rule: ParseRule,
+    problems: list[SpecProblem],
+) -> Tune | None:
+    """``[<config>.tune]`` checked against the config: its variant, shapes, backend field and
+    search axes (each value parsed as a policy value of its field)."""
+    start = len(problems)
+    path: KeyPath = (config, "tune")
+    ctx = _Ctx(config, record, fields, dims, source, parse_rule, {}, {}, problems)
+    if dims is None:
+        ctx.problem(path, "only a bucketed config (one with a [buckets] table) can be tuned")
+        return None
+    if spec.variant not in variants:
+        ctx.problem(path + ("variant",), f"no such variant (variants: {', '.join(variants)})", value=spec.variant)
+    for i, shape in enumerate(spec.shapes):
+        if len(shape) != len(dims):
+            ctx.problem(
+                path + ("shapes", i), f"a shape gives one value per bucket dimension ({', '.join(dims)})", value=shape
+            )
+    if spec.backend is not None:
+        bpath = path + ("backend",)
+        if spec.backend.field not in fields:
+            ctx.problem(bpath + ("field",), f"not a field of {record}", value=spec.backend.field)
+        else:
+            for key in ("library", "kernel"):
+                ctx.value(spec.backend.field, getattr(spec.backend, key), bpath + (key,))
+    known = {b.name for p in policies + ((base,) if base is not None else ()) for b in p.buckets or ()}
+    spaces = []
+    for i, space in enumerate(spec.space):
+        spath = path + ("space", i)
+        for j, bname in enumerate(space.buckets or ()):
+            if bname not in known:
+                ctx.problem(
+                    spath + ("buckets", j),
+                    f"no policy has a bucket of this name ({', '.join(sorted(known))})",
+                    value=bname,
+                )
+        axes: dict[str, tuple[Value, ...]] = {}
+        for fname, values in space.axes.items():
+            apath = spath + ("axes", fname)
+            if fname not in fields:
+                ctx.problem(apath, f"not a field of {record} (fields: {', '.join(fields)})")
+                continue
+            if not values:
+                ctx.problem(apath, "an axis needs at least one value")
+                continue
+            parsed = []
+            for k, raw in enumerate(values):
+                if isinstance(raw, Mapping) and "expr" not in raw:
+                    ctx.problem(
+                        apath + (k,), 'a search axis takes literals and { expr = "..." } rules', value=dict(raw)
+                    )
+                    continue
+                v = ctx.value(fname, raw, apath + (k,))
+                if v is not None:
+                    parsed.append(v)
+            axes[fname] = tuple(parsed)
+        spaces.append(TuneSpace(space.name, space.doc, space.buckets, FrozenMap(axes), spath))
+    names = [s.name for s in spec.space]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            ctx.problem(path + ("space", i, "name"), "space names must be unique", value=name)
+    if len(problems) > start:
+        return None
+    return Tune(spec, tuple(spaces), path)

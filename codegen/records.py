@@ -25,7 +25,17 @@ from typing import Any
 from . import rules
 from .errors import KeyPath, SpecProblem, problem
 from .frozen import FrozenMap, frozen
-from .models import CheckSpec, FieldSpec, HardwareSpec, ModelSpec, ModuleSpec, SelectorSpec, VendorSpec
+from .models import (
+    CheckSpec,
+    FieldSpec,
+    HardwareSpec,
+    ModelSpec,
+    ModuleSpec,
+    ProvenanceSpec,
+    SelectorSpec,
+    TuneSpec,
+    VendorSpec,
+)
 from .source import locate
 
 __all__ = ["FrozenMap", "frozen"]  # re-exported: the stages build records with them
@@ -164,9 +174,12 @@ class Bucket:
     name: str
     note: str
     bounds: tuple[Bound, ...]
-    # Every field: the bucket's own values over its policy's (chained) values.
+    # Every field: the bucket's own values over its policy's (chained) values, and over those
+    # the values of an ``amend`` of a policy that chains from the bucket's.
     values: FrozenMap[str, Value]
     keypath: KeyPath
+    # Where the values were measured (written by ``codegen tune``); None where nobody said.
+    provenance: ProvenanceSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +202,7 @@ class Policy:
     # False where the values were not measured on the parts it serves (``tuned = false``; a
     # policy's own key, not inherited): build and show name the targets such policies serve.
     tuned: bool = True
+    provenance: ProvenanceSpec | None = None
 
     @property
     def label(self) -> str:
@@ -204,6 +218,26 @@ class Check:
     spec: CheckSpec
     rule: rules.Expr
     when: rules.Expr | None
+    keypath: KeyPath
+
+
+@dataclass(frozen=True)
+class TuneSpace:
+    """One region of a config's search space, its axes parsed as policy values."""
+
+    name: str
+    doc: str
+    buckets: tuple[str, ...] | None  # None: every bucket
+    axes: FrozenMap[str, tuple[Value, ...]]  # field -> values to try, in the order written
+    keypath: KeyPath
+
+
+@dataclass(frozen=True)
+class Tune:
+    """``[<config>.tune]``: how ``codegen tune`` measures a family (``models.TuneSpec``)."""
+
+    spec: TuneSpec
+    spaces: tuple[TuneSpace, ...]
     keypath: KeyPath
 
 
@@ -228,6 +262,7 @@ class Config:
     base: Policy | None
     selector: SelectorSpec | None = None  # a seed-style selector function for dispatch.py
     constants: FrozenMap[str, str] = FrozenMap()  # module constant -> dispatch name
+    tune: Tune | None = None  # how codegen tune measures it; None: not tunable
 
     @property
     def bucketed(self) -> bool:

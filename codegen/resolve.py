@@ -202,6 +202,18 @@ def chain(cfg: Config, hw: Hardware) -> Policy | None:
     return best if best is not None else cfg.base
 
 
+def resolve_target(
+    tree: SpecTree, cfg: Config, variant: str, target: str, model: str | None = None, policy: Policy | None = None
+) -> tuple[Resolved | None, list[SpecProblem]]:
+    """One variant of ``cfg`` on one target, with ``policy`` in place of the one the target
+    chains to when given (``codegen tune`` resolves its candidates so): the resolution, or None
+    and every problem found (check failures included)."""
+    hw = next(h for h in tree.hardware if h.name == target)
+    problems: list = []
+    r = _resolve_one(cfg, cfg.variants[variant], hw, hw_namespace(hw), model_scope(tree, model), problems, policy)
+    return (r if not problems else None), _merge_targets(cfg, problems)
+
+
 def _resolve_one(
     cfg: Config,
     params: Mapping[str, Any],
@@ -209,8 +221,9 @@ def _resolve_one(
     hw_ns: Mapping[str, Any],
     model: ModelScope,
     problems: list[SpecProblem],
+    policy: Policy | None = None,
 ) -> Resolved | None:
-    policy = chain(cfg, hw)
+    policy = policy if policy is not None else chain(cfg, hw)
     if policy is None:
         vendor_policies = [
             p for p in cfg.policies if p.vendor == hw.spec.vendor and (p.targets is None or hw.name in p.targets)

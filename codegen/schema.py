@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from .models import (
+    AMEND_KEYS,
     BOUND_RE,
     BUCKET_KEYS,
     POLICY_KEYS,
@@ -29,6 +30,7 @@ from .models import (
     ModelSpec,
     ModuleSpec,
     ProjectSpec,
+    ProvenanceSpec,
     VendorSpec,
 )
 from .records import SpecTree
@@ -77,6 +79,8 @@ _RULE = {
         },
     ]
 }
+# Where values were measured (written by codegen tune): ProvenanceSpec's own schema.
+_PROVENANCE: dict[str, Any] = {k: v for k, v in ProvenanceSpec.model_json_schema().items() if k not in ("title",)}
 _POLICY_KEY_SCHEMAS: dict[str, Any] = {
     "vendor": {"type": "string", "description": "The vendor (specs/vendors/<vendor>.toml) this threshold serves."},
     "min_arch": {"type": "integer", "minimum": 0, "description": "Serves the vendor's archs from this one up."},
@@ -89,8 +93,9 @@ _POLICY_KEY_SCHEMAS: dict[str, Any] = {
     },
     "note": {"type": "string", "description": "One line: why these values (printed in generated code)."},
     "tuned": {"type": "boolean", "description": "false: the values were not measured on the part."},
+    "provenance": _PROVENANCE,
 }
-assert set(_POLICY_KEY_SCHEMAS) | {"bucket"} == set(POLICY_KEYS)
+assert set(_POLICY_KEY_SCHEMAS) | {"bucket", "amend"} == set(POLICY_KEYS)
 
 
 def _value(field: FieldSpec | None) -> dict[str, Any]:
@@ -111,7 +116,7 @@ def _value(field: FieldSpec | None) -> dict[str, Any]:
 def _policy(fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None, base: bool) -> dict[str, Any]:
     keys = {} if base else dict(_POLICY_KEY_SCHEMAS)
     if base:
-        keys = {k: _POLICY_KEY_SCHEMAS[k] for k in ("note", "tuned")}
+        keys = {k: _POLICY_KEY_SCHEMAS[k] for k in ("note", "tuned", "provenance")}
     props = dict(keys)
     if fields is not None:
         props.update({name: _value(f) for name, f in fields.items()})
@@ -122,18 +127,34 @@ def _policy(fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None, b
         schema["additionalProperties"] = _value(None)
     if dims is None and fields is not None:
         return schema
-    bucket_props: dict[str, Any] = {"name": {"type": "string"}, "note": {"type": "string"}}
+    bucket_props: dict[str, Any] = {"name": {"type": "string"}, "note": {"type": "string"}, "provenance": _PROVENANCE}
     bucket: dict[str, Any] = {"type": "object", "properties": bucket_props, "required": ["name"]}
+    amend_props: dict[str, Any] = {
+        "bucket": {"type": "string", "description": "The bucket of the parent policy this changes."},
+        "note": {"type": "string"},
+        "provenance": _PROVENANCE,
+    }
+    amend: dict[str, Any] = {"type": "object", "properties": amend_props, "required": ["bucket"]}
     if fields is not None:
         bucket_props.update({name: _value(f) for name, f in fields.items()})
+        amend_props.update({name: _value(f) for name, f in fields.items()})
         bounds = {f"{d}_{kind}": {"type": "integer", "minimum": 0} for d in dims or () for kind in ("min", "max")}
         bucket_props.update(bounds)
         bucket["additionalProperties"] = False
+        amend["additionalProperties"] = False
     else:
         bucket["patternProperties"] = {BOUND_RE.pattern: {"type": "integer", "minimum": 0}}
         bucket["additionalProperties"] = _value(None)
-    assert set(BUCKET_KEYS) <= set(bucket_props)
+        amend["additionalProperties"] = _value(None)
+    assert set(BUCKET_KEYS) <= set(bucket_props) and set(AMEND_KEYS) <= set(amend_props)
     props["bucket"] = {"type": "array", "items": bucket, "minItems": 1}
+    if not base:
+        props["amend"] = {
+            "type": "array",
+            "items": amend,
+            "minItems": 1,
+            "description": "Changes to named buckets of the policy this one chains from.",
+        }
     return schema
 
 
