@@ -1,4 +1,4 @@
-"""Command line: ``python -m codegen {build,check,show,explain,schema}``.
+"""Command line: ``python -m codegen {build,check,show,explain,schema,tune}``.
 
 ``build`` renders everything in memory first and writes only files whose
 bytes changed, all or nothing (see ``write.apply``); ``check`` writes nothing.
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import explain, pipeline, render, schema, write
+from .tune import cli as tune
 from .errors import SpecErrors
 from .records import Resolution
 from .render import Rendered, is_generated
@@ -56,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
         prog="codegen", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--root", type=Path, default=None, help="project root holding specs/ (and templates/, generated/)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{build,check,show,explain,schema}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{build,check,show,explain,schema,tune}")
     sub.add_parser("build", help="write generated/ and schemas/ from specs/ (only files whose bytes change)")
     sub.add_parser("check", help="exit 1 with a diff if generated/ or schemas/ is not what build would write")
     sub.add_parser("schema", help="write only schemas/: the JSON Schemas of the spec files, for editors")
@@ -74,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     explain.add_argument("field", help="a field of its record")
     explain.add_argument("--hw", required=True, help="hardware spec name")
     explain.add_argument("--model", help="model spec name (default: the tree's default model)")
+    tune.add_parser(sub)
     return p
 
 
@@ -91,6 +93,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     else:
         root = args.root.resolve()
     try:
+        if args.command == "tune":
+            return tune.run(args, root, list(argv if argv is not None else sys.argv[1:]), out, err)
         res = pipeline.run(root, until="tree_to_resolution")
         if args.command == "show":
             if args.json:

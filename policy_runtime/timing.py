@@ -1,5 +1,5 @@
-"""GPU timing shared by the benchmarks: kernel time with the host's launch cost off the clock, and
-interleaved rounds against a reference.
+"""GPU timing shared by the benchmarks (bench/) and ``codegen tune``: kernel time with the host's
+launch cost off the clock, and interleaved rounds against a reference.
 
 ``gpu_ms`` exists because ``triton.testing.do_bench`` records its start event right after the L2
 flush: when a launch takes the host longer than the flush takes the GPU (a Python launch path on a
@@ -12,6 +12,7 @@ host.  Host overhead is a separate measurement in each benchmark.
 from __future__ import annotations
 
 import statistics
+import subprocess
 import time
 from typing import Callable
 
@@ -24,13 +25,13 @@ SLEEP_CYCLES = 300_000
 _FLUSH: list[torch.Tensor] = []
 
 
-def gpu_ms(fn: Callable[[], object], reps: int = 100) -> float:
+def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5) -> float:
     """Median GPU milliseconds of ``fn`` over ``reps`` runs, each after a 256 MiB L2 flush (as
     do_bench), with a GPU sleep between the flush and the start event."""
     if not _FLUSH:
         _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
     flush = _FLUSH[0]
-    for _ in range(5):
+    for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -66,18 +67,52 @@ def round_order(names: list[str], r: int) -> list[str]:
     return order[::-1] if r % 2 else order
 
 
+def per_round(
+    methods: dict[str, Callable[[], object]], rounds: int, timer: Callable[[Callable[[], object]], float] = gpu_ms
+) -> dict[str, list[float]]:
+    """Time every method once per round, in the order of round_order; per method, its time (ms)
+    in each round, in round order."""
+    names = list(methods)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        # Rotate the order so clock and thermal drift and position within a round favour nobody.
+        for n in round_order(names, r):
+            times[n].append(timer(methods[n]))
+    return times
+
+
+def median_ratio(reference: list[float], times: list[float]) -> float:
+    """The median over rounds of reference time / method time (> 1: the method is faster)."""
+    return statistics.median(r / t for r, t in zip(reference, times))
+
+
 def interleaved(
     methods: dict[str, Callable[[], object]], rounds: int, reference: str, timer: Callable[..., float] = gpu_ms
 ) -> dict[str, dict[str, float]]:
     """Time every method once per round, in the order of round_order; per method: the median time
     (ms) and the median over rounds of reference time / method time (so > 1 is faster)."""
-    names = list(methods)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        # Rotate the order so clock and thermal drift and position within a round favour nobody.
-        this = {n: timer(methods[n]) for n in round_order(names, r)}
-        for n, t in this.items():
-            times[n].append(t)
-            ratios[n].append(this[reference] / t)
-    return {n: {"ms": statistics.median(times[n]), "ratio": statistics.median(ratios[n])} for n in names}
+    times = per_round(methods, rounds, timer)
+    return {n: {"ms": statistics.median(t), "ratio": median_ratio(times[reference], t)} for n, t in times.items()}
+
+
+def environment() -> dict[str, str]:
+    """What the provenance of a measurement records: device, driver, torch and triton."""
+    import triton
+
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+        try:
+            driver = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout.strip()
+                or "unknown"
+            )
+        except (OSError, subprocess.SubprocessError):
+            driver = "unknown"
+    else:
+        device, driver = "cpu (Triton interpreter)", "none"
+    return {"device": device, "driver": driver, "torch": torch.__version__, "triton": triton.__version__}

@@ -131,7 +131,7 @@ def test_codegen_names_no_family_and_no_vendor():
     words = ("matmul", "rms_norm", "transform", "cache_launch", "attention", "nvidia", "iluvatar", "amd", "moe")
     # A model's dimensions are the model spec's schema (a MoE model's expert sizes), not a family.
     allowed = set(MODEL_DIMENSIONS)
-    for path in sorted((REPO / "codegen").glob("*.py")):
+    for path in sorted((REPO / "codegen").rglob("*.py")):
         import ast
 
         tree = ast.parse(path.read_text())

@@ -1,0 +1,509 @@
+"""``python -m codegen tune KERNEL ...`` and ``python -m codegen tune merge FILES...``.
+
+``tune`` plans, measures with one worker process per visible GPU (each pinned with
+``CUDA_VISIBLE_DEVICES``, taking every n-th chunk) or one shard (``--shard i/n``, for a batch
+scheduler: no write-back, a results file), then decides and writes the winners into the spec,
+checks that the edited specs build, and rebuilds generated/.  ``merge`` folds results files of
+one tune (from any hosts) and writes as ``tune`` would.  Exit codes as the other commands: 2 for
+bad input (unknown kernel or target, a bad --space, results of another plan), 3 for a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+from .. import pipeline, write
+from ..errors import SpecErrors
+from ..records import SpecTree
+from . import results as results_mod
+from .decide import Verdict, decide
+from .plan import Plan, PlanError, cli_space, plan
+from .results import ResultsError, ResultsFile
+from .writeback import Edit, WriteBackError, changes, edits
+
+RESULTS_DIR = ".codegen-tune"
+
+
+class TuneError(Exception):
+    """Bad usage of tune (exit 2)."""
+
+
+def add_parser(sub: Any) -> None:  # noqa: C901 - one flag per line
+    t = sub.add_parser(
+        "tune",
+        help="time a family's candidates on the GPUs here and write the winners into its spec "
+        "(tune merge FILES...: fold shards' results)",
+        description="Time the candidates of a kernel family's search space ([<kernel>.tune] in its spec) "
+        "against each bucket's current config and the vendor library, on one worker per visible GPU, and "
+        "write the winners back into the spec (with provenance), then rebuild generated/. "
+        "`tune merge FILES...` folds the results files of --shard runs and writes as tune would.",
+    )
+    t.add_argument(
+        "kernel", help="the config to tune (one with a [<config>.tune] table), or `merge` followed by results files"
+    )
+    t.add_argument("files", nargs="*", help="with merge: the shards' results files")
+    t.add_argument("--hw", default="auto", help="hardware spec name, or auto (the device here; default)")
+    t.add_argument("--shapes", nargs="+", metavar="AxBxC", help="problem shapes (default: the spec's)")
+    t.add_argument("--space", nargs="+", metavar="FIELD=V1,V2", help="search these values instead of the spec's space")
+    t.add_argument("--buckets", nargs="+", metavar="NAME", help="with --space: only these buckets")
+    t.add_argument("--budget", type=float, help="seconds of measuring (default: the spec's budget_s)")
+    t.add_argument("--rounds", type=int, help="interleaved timing rounds (default: the spec's)")
+    t.add_argument("--chunk", type=int, help="candidates timed together (default: the spec's)")
+    t.add_argument("--model", help="model spec, for configs resolved per model (default: the tree's)")
+    t.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+                   help="time in this dtype (default: the spec's; one of the tuned variant's dtypes: the CPU "
+                   "interpreter needs float16, its bfloat16 arithmetic is wrong)")  # fmt: skip
+    t.add_argument("--shard", metavar="I/N", help="measure only chunk slice I of N; write a results file, no specs")
+    t.add_argument("--results", type=Path, help="results file (with --shard) or folder (default: .codegen-tune/)")
+    t.add_argument("--fresh", action="store_true", help="discard earlier results of this plan instead of resuming")
+    t.add_argument("--devices", help="comma-separated GPU ids, one worker each (default: every visible GPU)")
+    t.add_argument("--scope", choices=("target", "policy"), default="target",
+                   help="target: a winner applies only to the part it was measured on (default); policy: to "
+                   "every part its policy serves")  # fmt: skip
+    t.add_argument("--dry-run", action="store_true", help="print the spec diff instead of writing it")
+    t.add_argument("--no-build", action="store_true", help="write the specs but do not rebuild generated/")
+    t.add_argument("--quiet", action="store_true", help="no progress bar (CI logs); the summary still prints")
+
+
+def run(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
+    from ..cli import EXIT_INVALID
+
+    try:
+        if args.kernel == "merge":
+            return _merge(args, root, argv, out, err)
+        if args.files:
+            raise TuneError(f"unexpected arguments {' '.join(args.files)} (only `tune merge` takes files)")
+        return _tune(args, root, argv, out, err)
+    except (PlanError, ResultsError, WriteBackError, TuneError) as exc:
+        print(f"codegen tune: {exc}", file=err)
+        return EXIT_INVALID
+
+
+# -- planning -------------------------------------------------------------------------------
+
+
+def _shapes(texts: Sequence[str] | None) -> list[tuple[int, ...]] | None:
+    if not texts:
+        return None
+    shapes = []
+    for t in texts:
+        try:
+            shape = tuple(int(x) for x in t.lower().split("x"))
+        except ValueError:
+            raise TuneError(f"--shapes: {t!r} is not AxBxC (positive integers)") from None
+        if any(x <= 0 for x in shape):
+            raise TuneError(f"--shapes: {t!r} has a dimension <= 0")
+        shapes.append(shape)
+    return shapes
+
+
+def _target(tree: SpecTree, hw: str, root: Path) -> str:
+    if hw != "auto":
+        return hw
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        from generated.dispatch import target_name  # the built tree's own detection
+    except ImportError as exc:
+        raise TuneError(f"--hw auto needs the built generated/ package and torch ({exc}); pass --hw NAME") from None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TuneError("--hw auto: no GPU is visible here; pass --hw NAME (the interpreter runs on the CPU)")
+    except ImportError:
+        raise TuneError("--hw auto needs torch") from None
+    return target_name(None)
+
+
+def plan_args(args: argparse.Namespace) -> dict[str, Any]:
+    """What, besides the specs, decides the plan: stored in each results file's header so that
+    ``merge`` re-plans the same tune."""
+    return {
+        "shapes": args.shapes,
+        "space": args.space,
+        "buckets": args.buckets,
+        "rounds": args.rounds,
+        "chunk": args.chunk,
+        "model": args.model,
+        "dtype": args.dtype,
+    }
+
+
+def make_plan(tree: SpecTree, kernel: str, target: str, pa: dict[str, Any], budget: float | None) -> Plan:
+    space = None
+    if pa.get("space"):
+        try:
+            cfg = tree.config(kernel)
+        except KeyError:
+            raise PlanError(f"no kernel config {kernel!r}") from None
+        if cfg.tune is None:
+            raise PlanError(f"{kernel} declares no [{kernel}.tune] table, so it cannot be tuned")
+        space = cli_space(tree, cfg, pa["space"], pa.get("buckets"))
+    elif pa.get("buckets"):
+        raise TuneError("--buckets goes with --space")
+    return plan(
+        tree,
+        kernel,
+        target,
+        shapes=_shapes(pa.get("shapes")),
+        space=space,
+        model=pa.get("model"),
+        dtype=pa.get("dtype"),
+        chunk=pa.get("chunk"),
+        rounds=pa.get("rounds"),
+        budget_s=int(budget) if budget else None,
+    )
+
+
+def _describe(p: Plan, out: TextIO) -> None:
+    n = sum(len(b.candidates) for b in p.buckets)
+    r = sum(len(b.rejected) for b in p.buckets)
+    print(
+        f"tune {p.config} on {p.target} ({p.policy}), {p.dtype}: {len(p.buckets)} bucket(s), {n} candidates in "
+        f"{len(p.chunks)} chunks ({r} more failed the spec's checks and are never launched), plan {p.fingerprint}",
+        file=out,
+    )
+    for b in p.buckets:
+        shapes = ", ".join(p.shape_text(s) for s in b.shapes)
+        print(f"  {b.name}: {shapes}; {len(b.candidates)} candidates, {len(b.rejected)} rejected", file=out)
+    if p.idle:
+        print(f"  not tuned (no shape falls in them): {', '.join(p.idle)}", file=out)
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+
+def _results_dir(args: argparse.Namespace, root: Path, p: Plan) -> Path:
+    base = args.results if args.results is not None else root / RESULTS_DIR
+    return base / f"{p.config}-{p.target}-{p.fingerprint}"
+
+
+def _header(p: Plan, i: int, n: int, command: str, pa: dict[str, Any]) -> dict[str, Any]:
+    from .measure import shard_header
+
+    h = dict(shard_header(p, i, n, command))
+    h["plan_args"] = pa
+    return h
+
+
+def _measure_shard(
+    p: Plan, i: int, n: int, path: Path, budget: float, fresh: bool, command: str, pa: dict, quiet: bool, err: TextIO
+) -> ResultsFile:
+    from .measure import Shard
+
+    rf = ResultsFile.open(path, _header(p, i, n, command, pa), fresh=fresh)
+    shard = Shard(p, i, n, rf, budget)
+    pending = shard.pending()
+    done_before = len(p.shard(i, n)) - len(pending)
+    if done_before:
+        print(f"resuming {path}: {done_before} chunk(s) already measured", file=err)
+    with _Progress(p, len(p.shard(i, n)), done_before, quiet, err) as bar:
+        summary = shard.run(progress=lambda chunk, line: bar.advance(chunk, line))
+    if summary["left"]:
+        print(
+            f"budget reached: {summary['left']} chunk(s) of shard {i}/{n} not measured; run the same command "
+            "again to resume",
+            file=err,
+        )
+    return rf
+
+
+def _devices(args: argparse.Namespace) -> list[str]:
+    if args.devices:
+        return [d.strip() for d in args.devices.split(",") if d.strip()]
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        count = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(count)]
+    return ids[:count] if count else ["cpu"]
+
+
+def _workers(
+    p: Plan, args: argparse.Namespace, root: Path, devices: list[str], folder: Path, budget: float, err: TextIO
+) -> list[ResultsFile]:
+    """One ``tune --shard i/n`` process per device, pinned with CUDA_VISIBLE_DEVICES; progress
+    from their results files."""
+    n = len(devices)
+    procs = []
+    paths = [folder / f"shard-{i}-of-{n}.jsonl" for i in range(n)]
+    logs = []
+    for i, dev in enumerate(devices):
+        cmd = [sys.executable, "-m", "codegen", "--root", str(root), "tune", p.config, "--hw", p.target]
+        cmd += ["--shard", f"{i}/{n}", "--results", str(paths[i]), "--budget", str(budget), "--quiet"]
+        for flag in ("shapes", "space", "buckets"):
+            if getattr(args, flag):
+                cmd += [f"--{flag}", *getattr(args, flag)]
+        for flag in ("rounds", "chunk", "model", "dtype"):
+            if getattr(args, flag) is not None:
+                cmd += [f"--{flag}", str(getattr(args, flag))]
+        if args.fresh:
+            cmd.append("--fresh")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=dev)
+        log = open(folder / f"shard-{i}-of-{n}.log", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+    print(f"{n} workers on devices {', '.join(devices)}; logs in {folder}", file=err)
+    total = len(p.chunks)
+    with _Progress(p, total, 0, args.quiet, err) as bar:
+        while any(proc.poll() is None for proc in procs):
+            time.sleep(0.5)
+            bar.poll(paths)
+        bar.poll(paths)
+    for log in logs:
+        log.close()
+    failed = [(i, proc.returncode) for i, proc in enumerate(procs) if proc.returncode != 0]
+    if failed:
+        tails = []
+        for i, code in failed:
+            text = (folder / f"shard-{i}-of-{n}.log").read_text()[-2000:]
+            tails.append(f"worker {i} (device {devices[i]}) exited {code}:\n{text}")
+        raise TuneError("\n".join(tails))
+    return [results_mod.read(path) for path in paths]
+
+
+class _Progress:
+    """A rich progress bar over chunks: the bucket, the best ratio so far, ETA; nothing when quiet."""
+
+    def __init__(self, p: Plan, total: int, done: int, quiet: bool, err: TextIO):
+        self.p = p
+        self.total = total
+        self.done = done
+        self.quiet = quiet
+        self.err = err
+        self.best: dict[str, float] = {}
+        self.seen: set[int] = set()
+
+    def __enter__(self) -> "_Progress":
+        if not self.quiet:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("chunks"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[best]}"),
+                console=Console(file=self.err),
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task(
+                f"tune {self.p.config}", total=self.total, completed=self.done, best="best: -"
+            )
+        return self
+
+    def advance(self, chunk: Any, line: dict) -> None:
+        self.seen.add(line["index"])
+        for entry in line["shapes"].values():
+            for key, res in entry.get("candidates", {}).items():
+                if "vs_incumbent" in res:
+                    self.best[line["bucket"]] = max(self.best.get(line["bucket"], 0.0), res["vs_incumbent"])
+        if not self.quiet:
+            best = " ".join(f"{b} {r:.3f}x" for b, r in self.best.items())
+            self.bar.update(
+                self.task, advance=1, description=f"tune {self.p.config}: {line['bucket']}", best=f"best: {best}"
+            )
+
+    def poll(self, paths: list[Path]) -> None:
+        for path in paths:
+            if not path.exists():
+                continue
+            try:
+                rf = results_mod.read(path)
+            except ResultsError:
+                continue
+            for index, line in rf.chunks.items():
+                if index not in self.seen:
+                    self.advance(None, line)
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.quiet:
+            self.bar.__exit__(*exc)
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+
+def _load(root: Path) -> SpecTree:
+    res = pipeline.run(root, until="tree_to_resolution")  # the tree must build before it is tuned
+    return res.tree
+
+
+def _tune(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
+    t0 = time.monotonic()
+    tree = _load(root)
+    target = _target(tree, args.hw, root)
+    pa = plan_args(args)
+    p = make_plan(tree, args.kernel, target, pa, args.budget)
+    _describe(p, out)
+    command = "python -m codegen " + " ".join(shlex.quote(a) for a in argv)
+    budget = float(args.budget if args.budget is not None else p.budget_s)
+    folder = _results_dir(args, root, p)
+    if args.shard:
+        try:
+            i, n = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            raise TuneError(f"--shard: expected I/N, got {args.shard!r}") from None
+        if not (0 <= i < n):
+            raise TuneError(f"--shard {args.shard}: I must be in 0..N-1")
+        path = args.results if args.results is not None and args.results.suffix == ".jsonl" else None
+        path = path or folder / f"shard-{i}-of-{n}.jsonl"
+        rf = _measure_shard(p, i, n, path, budget, args.fresh, command, pa, args.quiet, err)
+        print(f"shard {i}/{n}: {len(rf.chunks)} of {len(p.shard(i, n))} chunks measured; results in {path}", file=out)
+        return 0
+    devices = _devices(args)
+    folder.mkdir(parents=True, exist_ok=True)
+    if len(devices) > 1:
+        files = _workers(p, args, root, devices, folder, budget, err)
+    else:
+        path = folder / "shard-0-of-1.jsonl"
+        files = [_measure_shard(p, 0, 1, path, budget, args.fresh, command, pa, args.quiet, err)]
+    merged = results_mod.merge(files)
+    code = _conclude(tree, p, merged, args, root, command, out, err)
+    print(f"tune wall time {time.monotonic() - t0:.1f} s on {len(devices)} worker(s)", file=out)
+    return code
+
+
+def _merge(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
+    if not args.files:
+        raise TuneError("merge: give the results files of the shards")
+    files = [results_mod.read(Path(f)) for f in args.files]
+    merged = results_mod.merge(files)
+    tree = _load(root)
+    h = files[0].header
+    p = make_plan(tree, h["config"], h["target"], h.get("plan_args", {}), None)
+    if p.fingerprint != merged.fingerprint:
+        raise TuneError(
+            f"the specs changed since these results were measured (plan {merged.fingerprint}, now {p.fingerprint}): "
+            "merge on the tree the tune ran on"
+        )
+    counts = {tuple(f.header["shard"])[1] for f in files}
+    if len(counts) == 1:
+        n = counts.pop()
+        missing = sorted(set(range(n)) - {f.header["shard"][0] for f in files})
+        if missing:
+            print(f"merge: no results for shard(s) {', '.join(map(str, missing))} of {n}", file=err)
+    _describe(p, out)
+    command = h.get("command", "python -m codegen tune") + f" (merged from {len(files)} results file(s))"
+    return _conclude(tree, p, merged, args, root, command, out, err)
+
+
+def _conclude(
+    tree: SpecTree, p: Plan, merged: Any, args: argparse.Namespace, root: Path, command: str, out: TextIO, err: TextIO
+) -> int:
+    verdicts = decide(p, merged)
+    env = merged.headers[0]["env"]
+    _summary(p, verdicts, merged, out)
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    found = edits(tree, p, verdicts, env=env, date=date, command=command, scope=args.scope)
+    if not found:
+        held = all(v.best is not None and not v.incumbent_failed for v in verdicts)
+        print("no spec changes: " + ("the incumbents held" if held else "see the table"), file=out)
+        return 0
+    _verify(root, found)
+    if args.dry_run:
+        for e in found:
+            out.write(
+                "".join(
+                    difflib.unified_diff(
+                        e.before.splitlines(True), e.after.splitlines(True), fromfile=e.path, tofile=e.path
+                    )
+                )
+            )
+        return 0
+    for e in found:
+        target = root / e.path
+        tmp = write._write_temp(target, e.after.encode())
+        os.replace(tmp, target)
+        print(f"wrote {e.path}", file=out)
+    if args.no_build:
+        print("specs written; run `python -m codegen build` to regenerate generated/", file=out)
+        return 0
+    from ..cli import main as codegen_main
+
+    return codegen_main(["--root", str(root), "build"], out=out, err=err)
+
+
+def _verify(root: Path, found: list[Edit]) -> None:
+    """The edited specs must build: resolve and render a copy of the tree with them."""
+    with tempfile.TemporaryDirectory(prefix="codegen-tune-") as tmp:
+        copy = Path(tmp)
+        shutil.copytree(root / "specs", copy / "specs")
+        if (root / "templates").is_dir():
+            shutil.copytree(root / "templates", copy / "templates")
+        for e in found:
+            (copy / e.path).write_text(e.after)
+        try:
+            pipeline.run(copy)
+        except SpecErrors as exc:
+            lines = "\n  ".join(pr.render() for pr in exc.problems)
+            raise WriteBackError(f"the written specs would not build (nothing written):\n  {lines}") from None
+
+
+def _summary(p: Plan, verdicts: tuple[Verdict, ...], merged: Any, out: TextIO) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"codegen tune {p.config} on {p.target} ({merged.headers[0]['env'].get('device', '?')})")
+    for col in (
+        "bucket",
+        "shapes",
+        "measured",
+        "failed",
+        "not run",
+        "best vs current",
+        "spread",
+        "vs library",
+        "result",
+    ):
+        t.add_column(col)
+    for v in verdicts:
+        if v.incumbent_failed:
+            result = f"incumbent failed: {v.incumbent_failed}"
+        elif v.winner is not None:
+            result = "new: " + " ".join(f"{k}={_fmt(x)}" for k, x in changes(p, v).items())
+        elif v.backend is not None:
+            result = f"backend -> {v.backend}"
+        elif v.best is None:
+            result = "nothing measured"
+        else:
+            result = "incumbent held"
+        t.add_row(
+            v.bucket,
+            ", ".join(v.shapes),
+            f"{v.measured}/{v.planned}",
+            str(len(v.failed)),
+            str(v.unmeasured),
+            f"{v.best_score:.3f}x" if v.best_score is not None else "-",
+            f"{v.spread:.1%}" if v.spread is not None else "-",
+            f"{v.kernel_vs_library:.3f}x" if v.kernel_vs_library is not None else "-",
+            result,
+        )
+    Console(file=out, width=160).print(t)
+    for v in verdicts:
+        for label, why in v.failed[:5]:
+            print(f"  disqualified in {v.bucket}: {label}: {why}", file=out)
+        if len(v.failed) > 5:
+            print(f"  ... and {len(v.failed) - 5} more disqualified in {v.bucket}", file=out)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + str(v.get("expr")) + "}"
+    return str(v)

@@ -1,0 +1,120 @@
+"""matmul's tuning harness: how ``python -m codegen tune matmul`` runs a record on a problem.
+
+Named by ``[matmul.tune] harness`` in specs/kernels/matmul.toml; the tuner knows no family, only
+this protocol (``codegen/tune/measure.py``):
+
+- ``HARNESS.problem(shape, dtype, device)`` -> a problem for one shape (``{"m": .., "n": .., "k": ..}``);
+- ``problem.kernel(record)`` -> a no-argument callable running the family's kernel with that
+  record's values (a ``MatmulConfig`` bucket record, as ``codegen`` resolved it for the target)
+  and returning its output, or raising ValueError where the record cannot serve the problem;
+- ``problem.library()`` -> the same for the vendor library (torch.matmul), or None;
+- ``problem.error(out)`` -> the relative error of an output against an fp32 reference;
+- ``problem.flops`` for reports.
+
+A record runs through the same launchers as the generated kernels (``Variant.launch`` of
+policy_runtime/matmul.py: split rule, workspaces, TMA descriptors and fallback), on the kernel
+body that generated/matmul.py's wrapper for that record would call, with the same constants.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+from . import matmul as _mm
+from .timing import rel_err
+
+
+class _BoundKernel:
+    """A kernel body with a record's constants bound: launched as a generated wrapper is,
+    ``kernel[grid](*runtime args, num_warps=.., num_stages=..)``."""
+
+    def __init__(self, body: Any, name: str, consts: dict[str, Any]):
+        self.body = body
+        self.consts = consts
+        self.__name__ = name
+
+    def __getitem__(self, grid: tuple) -> Callable[..., Any]:
+        launch = self.body[grid]
+        return lambda *args, **kw: launch(*args, **self.consts, **kw)
+
+
+def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:
+    """The runtime ``Variant`` of a bucket record: what templates/matmul_context.py gives the
+    generated wrapper (constants, fp32's ieee dot, a TMA kernel's pointer-kernel fallback)."""
+    prec = "ieee" if dtype_bytes == 4 else "tf32"
+    kind = record["kernel"]
+    tiles = dict(BLOCK_M=record["block_m"], BLOCK_N=record["block_n"], BLOCK_K=record["block_k"])
+    if kind == "grouped":
+        body, consts = _mm._grouped, dict(tiles, GROUP_M=record["group_m"], SPLIT_K=record["split_k"], DOT_PREC=prec)
+    elif kind == "small_m":
+        body = _mm._small_m
+        consts = dict(tiles, SPLIT_K=record["split_k"], STAGES=record["num_stages"], DOT_PREC=prec)
+    else:
+        body = _mm._tma_persistent
+        consts = dict(
+            tiles,
+            GROUP_M=record["group_m"],
+            SPLIT_K=record["split_k"],
+            NUM_PROGS=record["num_programs"],
+            EPILOGUE_SUBTILE=record["epilogue_subtile"],
+            FLATTEN=record["flatten"],
+            DOT_PREC=prec,
+        )
+    fallback = None
+    if kind == "tma_persistent":
+        fb = dict(record, kernel="grouped", flatten=False, epilogue_subtile=1)
+        fb["num_programs"] = record["num_programs"] if record["split_k"] > 1 else 0
+        fallback = variant(fb, dtype_bytes)
+    return _mm.Variant(
+        kernel=_BoundKernel(body, f"candidate_{kind}", consts),
+        kind=kind,
+        block_m=record["block_m"],
+        block_n=record["block_n"],
+        block_k=record["block_k"],
+        group_m=record["group_m"],
+        split_k=record["split_k"],
+        num_warps=record["num_warps"],
+        num_stages=record["num_stages"],
+        num_programs=record["num_programs"],
+        fallback=fallback,
+    )
+
+
+class MatmulProblem:
+    """C = A @ B for one (m, n, k): seeded inputs, an fp32 reference, one output per runner."""
+
+    def __init__(self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, seed: int = 0):
+        self.m, self.n, self.k = shape["m"], shape["n"], shape["k"]
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        self.a = torch.randn(self.m, self.k, generator=gen).to(device=device, dtype=dtype)
+        self.b = torch.randn(self.k, self.n, generator=gen).to(device=device, dtype=dtype)
+        self.reference = self.a.float() @ self.b.float()
+        self.flops = 2.0 * self.m * self.n * self.k
+
+    def kernel(self, record: Mapping[str, Any]) -> Callable[[], torch.Tensor]:
+        v = variant(record, self.a.element_size())
+        out = torch.full((self.m, self.n), float("nan"), dtype=self.a.dtype, device=self.a.device)
+        a, b, m, n, k = self.a, self.b, self.m, self.n, self.k
+
+        def run() -> torch.Tensor:
+            v.launch(a, b, out, m, n, k)
+            return out
+
+        return run
+
+    def library(self) -> Callable[[], torch.Tensor]:
+        out = torch.empty((self.m, self.n), dtype=self.a.dtype, device=self.a.device)
+        return lambda: torch.matmul(self.a, self.b, out=out)
+
+    def error(self, out: torch.Tensor) -> float:
+        return rel_err(out, self.reference)
+
+
+class _Harness:
+    def problem(self, shape: Mapping[str, int], dtype: torch.dtype, device: Any) -> MatmulProblem:
+        return MatmulProblem(shape, dtype, device)
+
+
+HARNESS = _Harness()

@@ -1,0 +1,354 @@
+"""codegen tune on the CPU: planning, checks, sharding, workers, merge, resume and write-back.
+
+Most tests time with tests/tune_fakes.py's harness (a fake clock: every run measures the same
+numbers, so decisions compare exactly); one runs the real matmul harness in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+
+from codegen import load, resolve
+from codegen.tune import results as results_mod
+from codegen.tune.decide import decide
+from codegen.tune.measure import Shard
+from codegen.tune.plan import plan
+from codegen.tune.results import ResultsError, ResultsFile
+
+MATMUL = "specs/kernels/matmul.toml"
+REAL = 'harness = "policy_runtime.matmul_tune:HARNESS"'
+FAKE = 'harness = "tests.tune_fakes:HARNESS"'
+
+
+@pytest.fixture
+def fake(project: Path) -> Path:
+    """The project copy, its matmul family timed by the fake harness."""
+    spec = project / MATMUL
+    text = spec.read_text()
+    assert REAL in text
+    spec.write_text(text.replace(REAL, FAKE))
+    return project
+
+
+def _smem(record: dict, dtype_bytes: int) -> int:
+    # The spec's smem_bytes rule, restated: ring of A and B tiles (+ the TMA kernel's epilogue).
+    ring = record["num_stages"] * (record["block_m"] + record["block_n"]) * record["block_k"] * dtype_bytes
+    if record["kernel"] == "tma_persistent":
+        ring += record["block_m"] * (record["block_n"] // record["epilogue_subtile"]) * dtype_bytes
+        ring += 8 * record["num_stages"]
+    return ring
+
+
+def _only_inserted(before: str, after: str) -> list[str]:
+    """The lines ``after`` adds to ``before``; fails if any line of ``before`` changed or went."""
+    sm = difflib.SequenceMatcher(a=before.splitlines(True), b=after.splitlines(True), autojunk=False)
+    added = []
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        assert op in ("equal", "insert"), (op, before.splitlines()[i1:i2], after.splitlines()[j1:j2])
+        if op == "insert":
+            added += after.splitlines()[j1:j2]
+    return added
+
+
+# -- planning --------------------------------------------------------------------------------
+
+
+def test_plan_launches_only_candidates_that_pass_every_check_in_every_variant():
+    tree = load.load(REPO)
+    p = plan(tree, "matmul", "h200")
+    optin = next(h for h in tree.hardware if h.name == "h200").spec.max_shared_memory_per_block_optin
+    assert {b.name for b in p.buckets} == {"decode_wide", "decode", "small", "huge", "wide", "deep", "large"}
+    for b in p.buckets:
+        keys = [c.key for c in b.candidates]
+        assert len(keys) == len(set(keys))
+        records = [c.records for c in b.candidates]
+        assert len(records) == len(set(records)) and b.incumbent.records not in records
+        for c in b.candidates:
+            assert _smem(dict(c.records["matmul_16bit"]), 2) <= optin
+            assert _smem(dict(c.records["matmul_fp32"]), 4) <= optin
+        for label, why in b.rejected:
+            assert "fails check" in why, (label, why)
+    # A 64x256x64 grouped tile 6 stages deep needs 245,760 B (> 232,448): rejected, never planned.
+    small = p.bucket("small")
+    assert any(
+        "block_n=256" in label and "num_stages=6" in label and "shared memory" in why for label, why in small.rejected
+    )
+    assert not any(
+        (c.record["block_m"], c.record["block_n"], c.record["block_k"], c.record["num_stages"]) == (64, 256, 64, 6)
+        for c in small.candidates
+    )
+
+
+def test_plan_is_deterministic_and_its_fingerprint_follows_the_specs(project):
+    tree = load.load(project)
+    a, b = plan(tree, "matmul", "h200"), plan(load.load(project), "matmul", "h200")
+    assert a == b and a.fingerprint == b.fingerprint
+    spec = project / MATMUL
+    spec.write_text(spec.read_text().replace("num_stages = 12", "num_stages = 10", 1))
+    c = plan(load.load(project), "matmul", "h200")
+    assert c.fingerprint != a.fingerprint
+
+
+def test_shards_partition_the_chunks_and_interleave_buckets():
+    p = plan(load.load(REPO), "matmul", "h200", chunk=4)
+    shards = [p.shard(i, 3) for i in range(3)]
+    indexes = [c.index for s in shards for c in s]
+    assert sorted(indexes) == list(range(len(p.chunks)))
+    assert len({c.bucket for c in p.chunks[: len(p.buckets)]}) == len(p.buckets)  # one chunk of each first
+
+
+# -- measuring, deciding, writing ------------------------------------------------------------
+
+
+def test_tune_writes_the_fastest_correct_candidate_for_the_measured_part_only(fake):
+    before = (fake / MATMUL).read_text()
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", "--quiet", "--no-build"
+    )
+    assert r.code == 0, r.err + r.out
+    after = (fake / MATMUL).read_text()
+    added = _only_inserted(before, after)  # nothing of the file changed but what was added
+    assert 'targets = ["h200"]' in added and 'bucket = "small"' in added
+    # The fastest by the fake clock among the planned candidates, computed here from the plan.
+    from tests.tune_fakes import fake_ms
+
+    p = plan(load.load(REPO), "matmul", "h200", shapes=[(128, 4096, 4096)])
+    best = min(fake_ms(dict(c.record)) for c in p.bucket("small").candidates)
+    res = resolve.resolve(load.load(fake))
+    (v16,) = [v for v in res.for_config("matmul") if v.variant == "matmul_16bit"]
+    small = {t: next(b.record for b in v16.resolved[t].buckets if b.name == "small") for t in ("h100", "h200")}
+    assert fake_ms(dict(small["h200"])) == best < fake_ms(dict(small["h100"]))
+    old = next(
+        b.record
+        for b in resolve.resolve(load.load(REPO)).for_config("matmul")[0].resolved["h100"].buckets
+        if b.name == "small"
+    )
+    assert small["h100"] == old  # h100 shares the arch and keeps what it had
+    prov = [line for line in added if line.startswith("device = ")]
+    assert prov == ['device = "cpu (Triton interpreter)"']
+
+
+def test_a_value_changed_in_place_leaves_every_other_byte(fake):
+    # bi_v100's policy serves only bi_v100: its own bucket is edited where it stands.
+    before = (fake / MATMUL).read_text()
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "bi_v100", "--shapes", "512x512x512",
+        "--space", "block_m=64,128", "--buckets", "any", "--quiet", "--no-build",
+    )  # fmt: skip
+    assert r.code == 0, r.err + r.out
+    after = (fake / MATMUL).read_text()
+    sm = difflib.SequenceMatcher(a=before.splitlines(), b=after.splitlines(), autojunk=False)
+    changed = [
+        (before.splitlines()[i1:i2], after.splitlines()[j1:j2])
+        for op, i1, i2, j1, j2 in sm.get_opcodes()
+        if op != "equal"
+    ]
+    replaced = [pair for pair in changed if pair[0]]
+    assert replaced == [(["block_m = 64"], ["block_m = 128"])], changed
+    inserted = [line for old, new in changed if not old for line in new]
+    assert inserted[0].startswith('note = "codegen tune') and "[matmul.policy.bucket.provenance]" in inserted
+    assert "previous = {block_m = 64}" in inserted
+
+
+def test_a_disqualified_candidate_is_never_written(fake):
+    before = (fake / MATMUL).read_text()
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096",
+        "--space", "block_n=32,128", "num_stages=4", "--buckets", "small", "--quiet", "--no-build",
+    )  # fmt: skip
+    assert r.code == 0, r.err + r.out
+    assert "disqualified in small: block_n=32 num_stages=4: relative error nan" in r.out
+    added = _only_inserted(before, (fake / MATMUL).read_text())
+    assert "block_n = 128" in added and not any("block_n = 32" in line for line in added)
+
+
+def test_incumbents_hold_within_the_spread(fake):
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096",
+        "--space", "block_k=expr:128//dtype_bytes,expr:64//dtype_bytes", "--buckets", "small", "--quiet", "--dry-run",
+    )  # fmt: skip
+    # block_k does not change the fake clock: equal times are not a win.
+    assert r.code == 0 and "no spec changes: the incumbents held" in r.out, r.out + r.err
+
+
+def test_resume_after_a_kill_measures_only_what_is_left(fake, tmp_path):
+    from tests import tune_fakes
+
+    p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096), (1, 4096, 4096)], chunk=16)
+    path = tmp_path / "r.jsonl"
+    header = {"kind": "header", "fingerprint": p.fingerprint, "config": "matmul", "target": "h200", "shard": [0, 1]}
+    shard = Shard(p, 0, 1, ResultsFile.open(path, header), budget_s=1e9)
+
+    class Killed(Exception):
+        pass
+
+    def kill(chunk, line):
+        raise Killed
+
+    with pytest.raises(Killed):
+        shard.run(progress=kill)
+    with open(path, "a") as f:
+        f.write('{"kind": "chunk", "index": 3, "bu')  # the line a kill cut short
+    first = results_mod.read(path)
+    assert len(first.chunks) == 1
+    tune_fakes.CALLS.clear()
+    again = Shard(p, 0, 1, ResultsFile.open(path, header), budget_s=1e9)
+    assert len(again.pending()) == len(p.chunks) - 1
+    again.run()
+    done = results_mod.read(path)
+    assert sorted(done.chunks) == list(range(len(p.chunks)))
+    measured = [k for kind, k in tune_fakes.CALLS if kind == "kernel"]
+    # Each chunk left: its candidates and the incumbent, once each (one shape per bucket here).
+    assert len(measured) == sum(len(c.keys) + 1 for c in p.chunks if c.index not in first.chunks)
+
+
+def test_results_of_another_plan_are_refused(fake, tmp_path):
+    p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096)])
+    path = tmp_path / "r.jsonl"
+    ResultsFile.open(
+        path, {"kind": "header", "fingerprint": "000000000000", "config": "matmul", "target": "h200", "shard": [0, 1]}
+    )
+    with pytest.raises(ResultsError, match="another plan"):
+        ResultsFile.open(
+            path,
+            {"kind": "header", "fingerprint": p.fingerprint, "config": "matmul", "target": "h200", "shard": [0, 1]},
+        )
+    r = run_cli("--root", str(fake), "tune", "merge", str(path))
+    assert r.code == 2 and "specs changed since these results" in r.err
+
+
+def test_two_workers_and_two_shards_merge_to_the_same_specs(fake):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    base = [sys.executable, "-m", "codegen", "--root", str(fake), "tune", "matmul", "--hw", "h200", "--quiet"]
+    plan_args = ["--shapes", "128x4096x4096", "1x4096x4096", "--chunk", "16"]
+    two = subprocess.run(
+        base + plan_args + ["--devices", "7,9", "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert two.returncode == 0, two.stderr + two.stdout
+    folders = list((fake / ".codegen-tune").iterdir())
+    assert len(folders) == 1
+    files = sorted(folders[0].glob("shard-*-of-2.jsonl"))
+    got = [results_mod.read(f) for f in files]
+    # One worker per device, pinned with CUDA_VISIBLE_DEVICES, on disjoint chunks covering the plan.
+    assert [{line["device_env"] for line in r.chunks.values()} for r in got] == [{"7"}, {"9"}]
+    assert not set(got[0].chunks) & set(got[1].chunks)
+    p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096), (1, 4096, 4096)], chunk=16)
+    assert set(got[0].chunks) | set(got[1].chunks) == {c.index for c in p.chunks}
+    # The same tune as two shards in separate runs, merged.
+    shard_files = []
+    for i in range(2):
+        out = fake / f"s{i}.jsonl"
+        r = run_cli(
+            "--root",
+            str(fake),
+            "tune",
+            "matmul",
+            "--hw",
+            "h200",
+            *plan_args,
+            "--shard",
+            f"{i}/2",
+            "--results",
+            str(out),
+            "--quiet",
+        )
+        assert r.code == 0, r.err
+        shard_files.append(str(out))
+    merged = run_cli("--root", str(fake), "tune", "merge", *shard_files, "--dry-run", "--quiet")
+    assert merged.code == 0, merged.err
+
+    def diff_of(text: str) -> list[str]:
+        lines = [line for line in text.splitlines() if line.startswith(("+", "-"))]
+        return [line for line in lines if not line.startswith("+command = ")]
+
+    assert diff_of(two.stdout) and diff_of(two.stdout) == diff_of(merged.out)
+
+
+def test_decide_flips_the_backend_only_past_the_spread_and_keeps_what_it_is_told(fake):
+    p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096), (16, 11008, 2048)], chunk=1000)
+    small, wide = p.bucket("small"), p.bucket("decode_wide")
+    assert small.incumbent.record["backend"] == "library" and wide.incumbent.record["backend"] == "triton_in_graphs"
+
+    def line(bucket, ratio_lib):
+        s = p.shape_text(bucket.shapes[0])
+        entry = {
+            "incumbent_ms": 1.0,
+            "spread": 0.02,
+            "library_ms": ratio_lib,
+            "library_vs_incumbent": ratio_lib,
+            "candidates": {},
+        }
+        for c in bucket.candidates:
+            entry["candidates"][c.key] = {"ms": 1.0, "vs_incumbent": 1.0, "vs_library": ratio_lib}
+        return {
+            "kind": "chunk",
+            "index": 0 if bucket is small else 1,
+            "bucket": bucket.name,
+            "keys": [c.key for c in bucket.candidates],
+            "shapes": {s: entry},
+        }
+
+    for ratio, expect in ((1.10, "triton"), (1.01, None)):
+        merged = results_mod.Merged(
+            p.fingerprint, "matmul", "h200", ({"env": {}},), {0: line(small, ratio), 1: line(wide, ratio)}
+        )
+        v = {x.bucket: x for x in decide(p, merged)}
+        assert v["small"].winner is None and v["small"].backend == expect  # 1.01 is inside the 2% spread
+        assert v["decode_wide"].backend is None  # triton_in_graphs is kept
+
+
+def test_bad_tune_requests_exit_2_with_a_message(fake):
+    cases = [
+        (["tune", "nosuch", "--hw", "h200"], "no kernel config 'nosuch'"),
+        (["tune", "transform", "--hw", "h200"], "declares no [transform.tune] table"),
+        (["tune", "matmul", "--hw", "nosuch"], "no hardware spec 'nosuch'"),
+        (["tune", "matmul", "--hw", "h200", "--shard", "3/2"], "I must be in 0..N-1"),
+        (["tune", "matmul", "--hw", "h200", "--space", "blockm=64"], "not a field of MatmulConfig"),
+        (["tune", "matmul", "--hw", "h200", "--shapes", "12x0x4"], "has a dimension <= 0"),
+        (["tune", "merge"], "give the results files"),
+    ]
+    for argv, message in cases:
+        r = run_cli("--root", str(fake), *argv)
+        assert r.code == 2 and message in r.err, (argv, r.err)
+        assert "Traceback" not in r.err
+
+
+def test_amend_mistakes_are_spec_errors(project):
+    spec = project / MATMUL
+    text = spec.read_text()
+    bad = (
+        text
+        + '\n[[matmul.policy]]\nvendor = "nvidia"\nmin_arch = 90\ntargets = ["h200"]\n\n[[matmul.policy.amend]]\nbucket = "nosuch"\nblock_m = 128\n'
+    )
+    spec.write_text(bad)
+    r = run_cli("--root", str(project), "check")
+    assert r.code == 2
+    line = len(bad.splitlines()) - 1
+    assert f"specs/kernels/matmul.toml:{line}: matmul.policy[5].amend[0].bucket: no such bucket" in r.err, r.err
+    assert "buckets: decode_wide, decode, small" in r.err
+
+
+def test_the_real_harness_tunes_in_the_interpreter_and_the_result_builds_and_validates(project):
+    # The matmul harness on the generated kernels' bodies, fp16 in the interpreter: two candidates.
+    jsonschema = pytest.importorskip("jsonschema")
+    r = run_cli(
+        "--root", str(project), "tune", "matmul", "--hw", "h200", "--shapes", "33x72x48", "--dtype", "float16",
+        "--space", "block_m=32,64", "block_n=32", "num_stages=2", "split_k=1", "--buckets", "small", "--quiet",
+        "--scope", "policy",
+    )  # fmt: skip
+    assert r.code == 0, r.err + r.out
+    assert "incumbent failed" not in r.out and "2/2" in r.out  # both measured: correct and timed
+    import tomllib
+
+    schema = json.loads((project / "schemas/kernels/matmul.schema.json").read_text())
+    jsonschema.validate(tomllib.loads((project / MATMUL).read_text()), schema)
+    assert run_cli("--root", str(project), "check").code == 0  # generated/ was rebuilt
