@@ -459,6 +459,10 @@ class TuneBackendSpec(Spec):
     kernel: Scalar  # the value written where the kernel beats the library by more than the spread
     # Values the tuner never changes: chosen for reasons it does not measure (host launch time).
     keep: tuple[Scalar, ...] = ()
+    # The backend changes only where the kernel takes at least this long (GPU time, on every
+    # shape of the bucket): below, a host launch costs as much as the kernel, and the tuner,
+    # which times GPU work with the launch off the clock, cannot say who serves a call faster.
+    min_kernel_us: Annotated[StrictInt, Field(ge=0)] = 0
 
 
 class TuneSpaceSpec(Spec):

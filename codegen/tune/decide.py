@@ -15,7 +15,9 @@ Per bucket:
 * Backend (where the family declares one): a bucket served by the library moves to the kernel
   when the kept kernel (winner or incumbent) beats the library by more than the spread; a bucket
   served by the kernel moves to the library when the library beats it by more than the spread.
-  Values listed in ``keep`` are never changed.
+  Values listed in ``keep`` are never changed, nor is the backend of a bucket whose kernel takes
+  less than ``min_kernel_us`` on some shape (there host launch time, which is not measured here,
+  decides).
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ class Verdict:
 
 def _geomean(xs: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def _median_of(lines: list[dict], shape: str, key: str) -> float | None:
+    values = [line["shapes"][shape][key] for line in lines if key in line["shapes"].get(shape, {})]
+    return statistics.median(values) if values else None
 
 
 def decide(plan: Plan, merged: Merged) -> tuple[Verdict, ...]:
@@ -101,7 +108,10 @@ def _bucket(plan: Plan, b: BucketPlan, merged: Merged) -> Verdict:
         kernel_vs_library = _geomean([statistics.median(lib_vs_inc[s]) for s in shapes])
     backend = None
     tb = plan.backend
-    if tb is not None and kernel_vs_library is not None and incumbent_failed is None:
+    kept = winner.key if winner is not None else None
+    kernel_ms = [(per[kept][s]["ms"] if kept is not None else _median_of(lines, s, "incumbent_ms")) for s in shapes]
+    launch_bound = tb is not None and any(ms is None or ms * 1e3 < tb.min_kernel_us for ms in kernel_ms)
+    if tb is not None and kernel_vs_library is not None and incumbent_failed is None and not launch_bound:
         current = b.incumbent.record[tb.field]
         margin = 1.0 + (spread if spread is not None else max(spread_of.values(), default=0.0))
         if current not in tb.keep:

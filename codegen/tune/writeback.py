@@ -2,7 +2,8 @@
 
 Where a change goes:
 
-* The target's policy serves only this target (or ``scope="policy"`` was asked): in that policy.
+* The target's policy serves only this target, and no other target's policy chains from it (or
+  ``scope="policy"`` was asked): in that policy.
   A bucket the policy lists itself is edited in place; a bucket it takes from the policy it
   chains from gets (or updates) an ``[[...amend]]`` table naming it.
 * The policy serves other targets too (h100 and h200 share nvidia>=90): a new policy limited to
@@ -86,7 +87,7 @@ def edits(
     assert policy is not None and policy.buckets is not None
     src, keypath, _ = cfg.source.origin(policy.keypath)
     doc = tomlkit.parse(src.text)
-    serving = [h.name for h in tree.hardware if chain(cfg, h) is policy]
+    serving = [h.name for h in tree.hardware if policy in _lineage(cfg, chain(cfg, h))]
     if scope == "policy" or serving == [plan.target]:
         table = _at(doc, keypath)
         amend_into = table
@@ -117,6 +118,16 @@ def edits(
         del table["tuned"]  # every bucket of the policy was measured on the part it serves
     after = tomlkit.dumps(doc)
     return [Edit(src.path, src.text, after)] if after != src.text else []
+
+
+def _lineage(cfg: Config, policy: Policy | None) -> list[Policy]:
+    """``policy`` and every policy it chains from: a change to any of them reaches its targets."""
+    by_label = {p.label: p for p in cfg.policies + ((cfg.base,) if cfg.base is not None else ())}
+    out = []
+    while policy is not None:
+        out.append(policy)
+        policy = by_label.get(policy.parent) if policy.parent is not None else None
+    return out
 
 
 def _at(doc: Any, keypath: tuple) -> Table:
