@@ -491,6 +491,10 @@ class TuneSpec(Spec):
     # Default problem shapes, one value per bucket dimension in order; each is timed for the
     # bucket that serves it.
     shapes: tuple[tuple[PosInt, ...], ...] = Field(min_length=1)
+    # Fixed problem parameters handed to the harness with each shape, and model fields added to
+    # them (from --model, else the tree's default model), e.g. a MoE layer's expert count and sizes.
+    params: Annotated[dict[Ident, Scalar], Frozen] = {}
+    model_params: tuple[Ident, ...] = ()
     # Relative error (Frobenius norm, against the harness's fp32 reference) above which a
     # candidate is disqualified.
     tolerance: Annotated[StrictFloat, Field(gt=0)]

@@ -3,7 +3,8 @@
 Named by ``[matmul.tune] harness`` in specs/kernels/matmul.toml; the tuner knows no family, only
 this protocol (``codegen/tune/measure.py``):
 
-- ``HARNESS.problem(shape, dtype, device)`` -> a problem for one shape (``{"m": .., "n": .., "k": ..}``);
+- ``HARNESS.problem(shape, dtype, device, params)`` -> a problem for one shape (``{"m": .., "n": .., "k": ..}``;
+  ``params``: the spec's fixed problem parameters, none for matmul);
 - ``problem.kernel(record)`` -> a no-argument callable running the family's kernel with that
   record's values (a ``MatmulConfig`` bucket record, as ``codegen`` resolved it for the target)
   and returning its output, or raising ValueError where the record cannot serve the problem;
@@ -24,20 +25,7 @@ import torch
 
 from . import matmul as _mm
 from .timing import rel_err
-
-
-class _BoundKernel:
-    """A kernel body with a record's constants bound: launched as a generated wrapper is,
-    ``kernel[grid](*runtime args, num_warps=.., num_stages=..)``."""
-
-    def __init__(self, body: Any, name: str, consts: dict[str, Any]):
-        self.body = body
-        self.consts = consts
-        self.__name__ = name
-
-    def __getitem__(self, grid: tuple) -> Callable[..., Any]:
-        launch = self.body[grid]
-        return lambda *args, **kw: launch(*args, **self.consts, **kw)
+from .tuning import BoundKernel
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:
@@ -68,7 +56,7 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:
         fb["num_programs"] = record["num_programs"] if record["split_k"] > 1 else 0
         fallback = variant(fb, dtype_bytes)
     return _mm.Variant(
-        kernel=_BoundKernel(body, f"candidate_{kind}", consts),
+        kernel=BoundKernel(body, f"candidate_{kind}", consts),
         kind=kind,
         block_m=record["block_m"],
         block_n=record["block_n"],
@@ -113,7 +101,9 @@ class MatmulProblem:
 
 
 class _Harness:
-    def problem(self, shape: Mapping[str, int], dtype: torch.dtype, device: Any) -> MatmulProblem:
+    def problem(
+        self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, params: Mapping[str, Any]
+    ) -> MatmulProblem:
         return MatmulProblem(shape, dtype, device)
 
 

@@ -364,3 +364,31 @@ def test_the_real_harness_tunes_in_the_interpreter_and_the_result_builds_and_val
     schema = json.loads((project / "schemas/kernels/matmul.schema.json").read_text())
     jsonschema.validate(tomllib.loads((project / MATMUL).read_text()), schema)
     assert run_cli("--root", str(project), "check").code == 0  # generated/ was rebuilt
+
+
+def test_moe_launch_is_tuned_through_its_declaration_with_the_models_sizes():
+    p = plan(load.load(REPO), "moe_launch", "h200")
+    qwen = load.load(REPO).models["qwen36"].spec
+    assert dict(p.params) == {
+        "num_experts": qwen.num_experts,
+        "hidden_size": qwen.hidden_size,
+        "moe_intermediate_size": qwen.moe_intermediate_size,
+        "top_k": qwen.top_k,
+    }
+    assert {b.name: [s[0] for s in b.shapes] for b in p.buckets} == {"decode": [1, 4], "small": [16]}
+    assert all(c.record["kernel"] == "gemv" for c in p.bucket("decode").candidates)
+
+
+def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
+    import torch
+
+    from policy_runtime.moe_tune import HARNESS
+
+    params = dict(num_experts=8, hidden_size=64, moe_intermediate_size=32, top_k=2)
+    gemv = dict(kernel="gemv", block_size_m=1, block_size_n=16, block_size_k=32, group_size_m=1)
+    grouped = dict(kernel="grouped", block_size_m=16, block_size_n=32, block_size_k=32, group_size_m=8)
+    for T in (1, 5):
+        problem = HARNESS.problem({"t": T}, torch.float16, "cpu", params)
+        for record in (dict(gemv, fuse_sum=True), dict(grouped, fuse_sum=True), dict(grouped, fuse_sum=False)):
+            out = problem.kernel(dict(record, num_warps=4, num_stages=2))()
+            assert problem.error(out) < 2e-3, (T, record)

@@ -51,7 +51,7 @@ class _Harness:
         fn()
         return fn.fake_ms  # type: ignore[attr-defined]
 
-    def problem(self, shape: Mapping[str, int], dtype: torch.dtype, device: Any) -> _Problem:
+    def problem(self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, params: Mapping[str, Any]) -> _Problem:
         CALLS.append(("problem", dict(shape)))
         return _Problem(shape)
 

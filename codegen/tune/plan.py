@@ -95,6 +95,7 @@ class Plan:
     dims: tuple[str, ...]
     dtype: str
     harness: str
+    params: FrozenMap[str, Any]  # fixed problem parameters for the harness (the spec's, the model's)
     rounds: int
     tolerance: float
     budget_s: int
@@ -127,7 +128,7 @@ class Plan:
 
 def _short(v: Any) -> str:
     if isinstance(v, Mapping):
-        return "{" + str(v.get("expr")) + "}"
+        return "{" + (str(v["expr"]) if "expr" in v else f"pick {v.get('pick')} where {v.get('where')}") + "}"
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
@@ -276,6 +277,17 @@ def plan(
         for i, (name, keys) in enumerate(x for row in itertools.zip_longest(*per_bucket) for x in row if x is not None)
     )
     spec = tune.spec
+    params = dict(spec.params)
+    if spec.model_params:
+        name = model or tree.project.default_model
+        if name is None or name not in tree.models:
+            raise PlanError(f"{config}'s tune reads model fields ({', '.join(spec.model_params)}): pass --model")
+        mspec = tree.models[name].spec
+        for field in spec.model_params:
+            value = getattr(mspec, field, None)
+            if value is None:
+                raise PlanError(f"model {name} has no {field}, which {config}'s tune hands its harness")
+            params[field] = value
     core = dict(
         config=config,
         target=target,
@@ -286,10 +298,11 @@ def plan(
         harness=spec.harness,
         rounds=rounds or spec.rounds,
         tolerance=spec.tolerance,
+        params=FrozenMap(params),
     )
     fingerprint = _digest(
         [
-            core,
+            dict(core, params=params),
             [[b.name, b.shapes, b.incumbent.key, dict(b.incumbent.record)] for b in bplans],
             [[c.index, c.bucket, c.keys] for c in chunks],
         ]

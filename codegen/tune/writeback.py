@@ -117,7 +117,21 @@ def edits(
     if table is not None and not policy.tuned and measured_all and "tuned" in table:
         del table["tuned"]  # every bucket of the policy was measured on the part it serves
     after = tomlkit.dumps(doc)
+    if table is None:
+        after = _blank_line_before(after, hw.spec.vendor, plan.target)
     return [Edit(src.path, src.text, after)] if after != src.text else []
+
+
+def _blank_line_before(text: str, vendor: str, target: str) -> str:
+    """A blank line before the new policy's header where tomlkit put it straight after the line
+    above (when it is the file's last table, the one before ends without one)."""
+    lines = text.split("\n")
+    for i in range(1, len(lines) - 3):
+        new = lines[i + 1] == f'vendor = "{vendor}"' and lines[i + 3] == f'targets = ["{target}"]'
+        if lines[i].startswith("[[") and new and lines[i - 1].strip():
+            lines.insert(i, "")
+            break
+    return "\n".join(lines)
 
 
 def _lineage(cfg: Config, policy: Policy | None) -> list[Policy]:
