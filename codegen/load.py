@@ -130,7 +130,11 @@ def load(root: Path) -> SpecTree:
     _check_vendors(vendors, problems)
     hardware = _load_hardware(raw["hardware"], vendors, problems)
     models = _load_simple(ModelSpec, Model, raw["models"], problems)
-    configs = _load_configs(raw["kernels"], models, vendors, {h.name: h.spec.vendor for h in hardware}, problems)
+    # Every hardware file's vendor; None for one that failed to load (its own problem is reported,
+    # so a policy naming it in targets is not also told that it does not exist).
+    hw_vendors: dict[str, str | None] = {stem: None for stem, _, _ in raw["hardware"]}
+    hw_vendors.update({h.name: h.spec.vendor for h in hardware})
+    configs = _load_configs(raw["kernels"], models, vendors, hw_vendors, problems)
     modules = _load_simple(ModuleSpec, Module, raw["modules"], problems)
     if not raw["hardware"] and not problems:
         problems.append(problem("specs/hardware", (), "no hardware specs: at least one target is needed"))

@@ -446,7 +446,7 @@ class ProvenanceSpec(Spec):
     # beat the previous config by more than this.
     spread: Annotated[StrictFloat, Field(ge=0)]
     # The values this change replaced, as they were written.
-    previous: Annotated[dict[FieldName, Scalar | dict[str, Any]], Frozen] = {}
+    previous: Annotated[dict[FieldName, Scalar | dict[str, Any]], Frozen] = Field(default={}, validate_default=True)
     command: StrictStr
 
 
@@ -493,7 +493,7 @@ class TuneSpec(Spec):
     shapes: tuple[tuple[PosInt, ...], ...] = Field(min_length=1)
     # Fixed problem parameters handed to the harness with each shape, and model fields added to
     # them (from --model, else the tree's default model), e.g. a MoE layer's expert count and sizes.
-    params: Annotated[dict[Ident, Scalar], Frozen] = {}
+    params: Annotated[dict[Ident, Scalar], Frozen] = Field(default={}, validate_default=True)
     model_params: tuple[Ident, ...] = ()
     # Relative error (Frobenius norm, against the harness's fp32 reference) above which a
     # candidate is disqualified.

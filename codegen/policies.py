@@ -367,6 +367,8 @@ class _Ctx:
         for i, t in enumerate(targets):
             if t not in self.hardware:
                 self.problem(path + (i,), f"no such hardware spec (known: {', '.join(sorted(self.hardware))})", value=t)
+            elif self.hardware[t] is None:  # its file failed to load, and says why
+                out.append(t)
             elif self.hardware[t] != vendor:
                 self.problem(path + (i,), f"target is a {self.hardware[t]} part; this policy is for {vendor}", value=t)
             else:

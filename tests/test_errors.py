@@ -341,7 +341,7 @@ def test_seed_matmul_config_does_not_fit_gb10(project):
     assert "Traceback" not in result.err
     # One line for both 99 KB targets of the policy (per variant), with what would fit.
     line = next(l for l in result.err.splitlines() if "gb10 (nvidia 121" in l and "matmul_16bit" in l)
-    assert "specs/kernels/matmul.toml:" in line and "matmul.policy[4].bucket[0]" in line
+    assert "specs/kernels/matmul.toml:" in line and "matmul.policy[5].bucket[0]" in line
     assert (
         "policy nvidia>=120 on 2 targets rtx5090 (nvidia 120, specs/hardware/rtx5090.toml), "
         "gb10 (nvidia 121, specs/hardware/gb10.toml), bucket mlp_up"
