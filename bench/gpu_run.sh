@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
-# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,first_call}...   Logs go to $OUT (or /tmp).
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,first_call,warmup}...   Logs go to $OUT (or /tmp).
 # first_call: only matmul's first-call latencies, 3 repeats (they move by tenths of a second between processes).
+# warmup: ahead-of-time warm-up of every kernel module (bf16, fp16), then the first calls after it and autotune's, 3 repeats.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-run}
@@ -19,6 +20,7 @@ for step in "$@"; do
         attention) python3 bench/attention.py 2>&1 | tee "$OUT/bench_attention.log" || status=1 ;;
         moe) python3 bench/moe.py 2>&1 | tee "$OUT/bench_moe.log" || status=1 ;;
         first_call) python3 bench/matmul.py --first-call-only --repeats 3 2>&1 | tee "$OUT/bench_first_call.log" || status=1 ;;
+        warmup) python3 bench/warmup.py --repeats 3 2>&1 | tee "$OUT/bench_warmup.log" || status=1 ;;
         *) echo "unknown step $step"; status=2 ;;
     esac
 done

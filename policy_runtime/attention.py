@@ -512,7 +512,8 @@ class Attention:
         grid = (triton.cdiv(max_q, kernel.block_m), H, batch)
 
         def run() -> None:
-            kernel.kernel[grid](
+            _launch._launch_kernel(
+                kernel.kernel, grid,
                 q, k, v, out, cu_q, cu_k, sm_scale, H // Hkv,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                 out.stride(0), out.stride(1), D, bool(causal),
@@ -597,7 +598,7 @@ class Attention:
                 bound = max((n for n in lens if n <= torch_limit), default=0)
             self._decode_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
                                  kernel, bound, long_rows)
-        if long_rows:
+        if long_rows and not _launch._compiling():  # warm-up's compile-only scope: no Triton kernel here
             assert lens is not None
             sm_count = self.hardware[sel.target].sm_count
             _torch_decode(out, query, key_cache, value_cache, block_tables, lens, long_rows, sm_scale,
@@ -614,6 +615,8 @@ class Attention:
         version = 1 if bound <= cfg.v1_v2_threshold else 2
         native = self.native[version] if getattr(cfg, f"use_native_v{version}") else None
         if native is not None:
+            if _launch._compiling():
+                return  # warm-up's compile-only scope: a vendor kernel has nothing for it to compile
             if long_rows:
                 skip = set(long_rows)
                 rows = torch.tensor([i for i in range(S) if i not in skip], device=query.device)
@@ -649,7 +652,8 @@ class Attention:
         kst, vst = key_cache.stride(), value_cache.stride()
 
         def run() -> None:
-            kernel.kernel[(S, Hkv, parts)](
+            _launch._launch_kernel(
+                kernel.kernel, (S, Hkv, parts),
                 query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_m, part_l, sm_scale,
                 group, block_tables.stride(0), v1_limit, torch_limit, ps, parts, query.stride(0), query.stride(1),
                 kst[0], kst[1], kst[2], vst[0], vst[1], vst[2], out.stride(0), out.stride(1),
@@ -657,7 +661,8 @@ class Attention:
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
             if parts > 1:
-                _merge[(S, H)](
+                _launch._launch_kernel(
+                    _merge, (S, H),
                     out, part_o, part_m, part_l, seq_lens, v1_limit, torch_limit, ps, parts, out.stride(0),
                     out.stride(1), D, _MERGE_BLOCK_P, num_warps=4,
                 )  # fmt: skip

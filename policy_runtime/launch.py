@@ -5,14 +5,19 @@ transform.py and cache.py call): launch plans (grid, constexprs and num_warps of
 signature, memoised by the caller), the warp-fitting rule, the argument checks both make and the
 check of the launch tables a generated module hands them.  For every kernel module, matmul
 included: ``_ready_triton``, which overlaps Triton's two one-off setup steps before a process's
-first compiled launch.  The names keep their leading underscore: they are the kernel modules'
-internals, not API.
+first compiled launch; ``_launch_kernel``, through which every launch site goes (``_run`` for
+the planned launches), and the compile-only scope of policy_runtime/warmup.py, in which a launch
+site hands its launch to the scope instead of running it.  The names keep their leading
+underscore: they are the kernel modules' internals, not API.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import triton
@@ -78,6 +83,55 @@ def _quietly(fn: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Launches, and warm-up's compile-only scope
+
+# A launch handler: (kernel, grid, args, kwargs) -> None.
+_LaunchHandler = Callable[[Any, tuple, tuple, dict], None]
+
+# The compile-only scope of this thread or asyncio task (policy_runtime/warmup.py): its handler
+# gets each launch instead of the GPU.  Threads started inside a scope launch as usual.
+_COMPILE_ONLY: ContextVar[Optional[_LaunchHandler]] = ContextVar("policy_runtime_compile_only", default=None)
+# Scopes open in the process: until one opens, a launch reads no context variable.
+_SCOPES = 0
+_SCOPES_LOCK = threading.Lock()
+
+
+def _launch_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+    """``kernel[grid](*args, **kwargs)``; inside a compile-only scope, the scope's handler gets
+    the launch instead (warm-up compiles it without running it).  Every launch site of the
+    kernel modules goes through here, or through ``_run``."""
+    if _SCOPES:
+        handler = _COMPILE_ONLY.get()
+        if handler is not None:
+            handler(kernel, grid, args, kwargs)
+            return
+    kernel[grid](*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _compile_only(handler: _LaunchHandler) -> Iterator[None]:
+    """A scope in which this thread's (or task's) launches go to ``handler``, not to the GPU:
+    the host side of each call runs (checks, plans, workspaces, outputs allocated), the kernels
+    do not, and outputs are left as they were."""
+    global _SCOPES
+    with _SCOPES_LOCK:
+        _SCOPES += 1
+    token = _COMPILE_ONLY.set(handler)
+    try:
+        yield
+    finally:
+        _COMPILE_ONLY.reset(token)
+        with _SCOPES_LOCK:
+            _SCOPES -= 1
+
+
+def _compiling() -> bool:
+    """Is this thread (or task) in a compile-only scope?  Paths that run no Triton kernel (a
+    vendor kernel, PyTorch) skip their work there."""
+    return bool(_SCOPES) and _COMPILE_ONLY.get() is not None
+
+
+# ----------------------------------------------------------------------------------------------
 # Launch plans
 
 
@@ -120,11 +174,15 @@ def _run(plan: _Plan, dev: int, args: tuple) -> None:
     """Launch on the tensors' device (a device guard only when it is not the current one)."""
     if _FIRST_LAUNCH:
         _ready_triton()
+    # The plan's bound launch, or in a compile-only scope _launch_kernel with its kernel and grid.
+    launch = plan.launch
+    if _SCOPES and _COMPILE_ONLY.get() is not None:
+        launch = functools.partial(_launch_kernel, plan.kernel, (plan.grid,))
     if dev >= 0 and dev != torch.cuda.current_device():
         with torch.cuda.device(dev):
-            plan.launch(*args, *plan.consts, num_warps=plan.num_warps)
+            launch(*args, *plan.consts, num_warps=plan.num_warps)
     else:
-        plan.launch(*args, *plan.consts, num_warps=plan.num_warps)
+        launch(*args, *plan.consts, num_warps=plan.num_warps)
 
 
 def _fit_warps(elems: int, vec: int, cfg: Any, grow: bool = False) -> int:

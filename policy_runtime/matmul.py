@@ -373,7 +373,8 @@ def _launch_grouped(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
     tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
     splits = _splits(v, tiles)
     ws, cnt = _split_k_buffers(v, c, tiles, splits)
-    v.kernel[(tiles, splits)](
+    _launch._launch_kernel(
+        v.kernel, (tiles, splits),
         a, b, c, ws, cnt, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
         c.stride(1), K % v.block_k == 0, num_warps=v.num_warps, num_stages=v.num_stages
     )
@@ -383,7 +384,8 @@ def _launch_small_m(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
     grid_n, grid_m = triton.cdiv(N, v.block_n), triton.cdiv(M, v.block_m)
     splits = _splits(v, grid_n * grid_m)
     ws, cnt = _split_k_buffers(v, c, grid_n * grid_m, splits)
-    v.kernel[(grid_n, splits, grid_m)](
+    _launch._launch_kernel(
+        v.kernel, (grid_n, splits, grid_m),
         a, b, c, ws, cnt, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
         c.stride(1), num_warps=v.num_warps, num_stages=v.num_stages
     )
@@ -432,7 +434,8 @@ def _launch_tma_persistent(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torc
     ws, cnt = _split_k_buffers(v, c, tiles, splits)
     token = _ALLOCATOR.set(_descriptor_scratch)
     try:
-        v.kernel[(min(v.num_programs, tiles * splits),)](
+        _launch._launch_kernel(
+            v.kernel, (min(v.num_programs, tiles * splits),),
             a, b, c, ws, cnt, M, N, K, splits, la[1], lb[1], lc[1], la[0], lb[0],
             num_warps=v.num_warps, num_stages=v.num_stages
         )

@@ -390,11 +390,13 @@ class Variant:
         h = torch.empty((numel, inter), dtype=x.dtype, device=x.device)
         opts = dict(num_warps=self.num_warps, num_stages=self.num_stages)
         if self.kind == "gemv":
-            self.up[(numel, triton.cdiv(inter, self.block_n))](
+            _launch._launch_kernel(
+                self.up, (numel, triton.cdiv(inter, self.block_n)),
                 x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
                 act, H % self.block_k == 0, **opts,
             )  # fmt: skip
-            self.down[(T, triton.cdiv(H, self.block_n))](
+            _launch._launch_kernel(
+                self.down, (T, triton.cdiv(H, self.block_n)),
                 h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
                 inter % self.block_k == 0, **opts,
             )  # fmt: skip
@@ -403,30 +405,39 @@ class Variant:
         # Row blocks that can hold rows: each expert's full blocks, plus one partial block for
         # each expert that has any.  Past it (and past post_pad) nothing is launched or done.
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
-        self.up[(blocks * triton.cdiv(inter, self.block_n),)](
+        _launch._launch_kernel(
+            self.up, (blocks * triton.cdiv(inter, self.block_n),),
             x, w1, h, sorted_ids, expert_ids, post_pad, numel, blocks, inter, H, k,
             x.stride(0), x.stride(1), *w1.stride(), *h.stride(), act, H % self.block_k == 0, **opts,
         )  # fmt: skip
         grid = (blocks * triton.cdiv(H, self.block_n),)
         if self.fuse_sum:
-            acc = out.zero_() if out.dtype == torch.float32 else torch.zeros((T, H), dtype=torch.float32, device=x.device)
-            self.down[grid](
+            # In warm-up's compile-only scope nothing runs, and out is left as it was.
+            compiling = _launch._compiling()
+            if out.dtype == torch.float32:
+                acc = out if compiling else out.zero_()
+            else:
+                acc = torch.zeros((T, H), dtype=torch.float32, device=x.device)
+            _launch._launch_kernel(
+                self.down, grid,
                 h, w2, acc, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
                 *h.stride(), *w2.stride(), *acc.stride(), inter % self.block_k == 0, **opts,
             )  # fmt: skip
-            if acc is not out:
+            if acc is not out and not compiling:
                 out.copy_(acc)
             return
         # One expert a token: its weighted row is the token's output.
         rows = out if k == 1 else torch.empty((numel, H), dtype=x.dtype, device=x.device)
-        self.down[grid](
+        _launch._launch_kernel(
+            self.down, grid,
             h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
             *h.stride(), *w2.stride(), *rows.stride(), inter % self.block_k == 0, **opts,
         )  # fmt: skip
         if k > 1:
             block_n = min(_SUM_BLOCK, _launch._pow2ceil(H))
             block_t = _SUM_BLOCK // block_n
-            _sum_rows[(triton.cdiv(T, block_t), triton.cdiv(H, block_n))](
+            _launch._launch_kernel(
+                _sum_rows, (triton.cdiv(T, block_t), triton.cdiv(H, block_n)),
                 rows, out, T, H, k, rows.stride(0), out.stride(0), out.stride(1),
                 BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
             )  # fmt: skip
@@ -562,8 +573,9 @@ def _align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.
     counts = torch.empty(num_experts, dtype=torch.int32, device=device)
     if _launch._FIRST_LAUNCH:
         _launch._ready_triton()
-    _align_count[(num_experts,)](ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
-    _align_scatter[(num_experts,)](
+    _launch._launch_kernel(_align_count, (num_experts,), ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
+    _launch._launch_kernel(
+        _align_scatter, (num_experts,),
         ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
         E_BLOCK=_launch._pow2ceil(num_experts), BLOCK=_ALIGN_BLOCK, num_warps=4,
     )  # fmt: skip
@@ -608,7 +620,8 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
     if _launch._FIRST_LAUNCH:
         _launch._ready_triton()
     with _guarded(x):
-        _topk_softmax_kernel[(triton.cdiv(T, block_t),)](
+        _launch._launch_kernel(
+            _topk_softmax_kernel, (triton.cdiv(T, block_t),),
             x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
             BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k), num_warps=4,
         )  # fmt: skip

@@ -348,7 +348,7 @@ def _rms_out_chunk(src_row, w_ptr, o_row, start, N, inv, BLOCK_N: tl.constexpr):
     tl.store(o_row + cols, (x * inv * w).to(o_row.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_loop_kernel(
     x_ptr,
     w_ptr,
@@ -369,6 +369,8 @@ def _rms_norm_loop_kernel(
     # Rows of a tile or more: one program per row, two passes over BLOCK_N chunks, reading x
     # (or z) twice.  STATIC_N > 0 is the row length as a compile-time constant (N == STATIC_N):
     # the chunk loops unroll and full chunks lose their masks; 0 keeps N a runtime value.
+    # n_rows is not read (the grid has one program per row) and not specialized on: as in the
+    # other kernels, a new token count compiles nothing.
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_stride
     r_row = r_ptr + row * r_stride

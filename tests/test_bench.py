@@ -1,6 +1,6 @@
-"""The benchmarks' CPU smoke modes: every phase of bench/matmul.py, bench/membound.py and
-bench/attention.py runs on tiny shapes in Triton's interpreter, so a change that breaks a benchmark
-fails here and not first on the GPU.  The numbers printed are meaningless on a CPU; what is checked
+"""The benchmarks' CPU smoke modes: every phase of bench/matmul.py, bench/membound.py,
+bench/attention.py, bench/moe.py and bench/warmup.py runs on tiny shapes in Triton's interpreter,
+so a change that breaks a benchmark fails here and not first on the GPU.  The numbers printed are meaningless on a CPU; what is checked
 is that every phase ran and that every correctness check inside the benchmarks passed."""
 
 import json
@@ -133,6 +133,26 @@ def test_moe_bench_smoke(tmp_path):
         assert ("cublas_expert_tflops" in c) == ("cublas_expert" in checked) == (c["T"] >= 16)
     assert "8 cases, 0 errors, 0 skipped" in out
     assert "| shape | T | bucket |" in out
+
+
+def test_warmup_bench_smoke(tmp_path):
+    """bench/warmup.py's phases in the interpreter, each in its fresh process: the warm-up, the calls
+    of other shapes in every bucket and plan (their launch keys all planned by the warm-up, nothing
+    compiled), the startup warm-up, and bench/matmul.py's first-call children for the comparison."""
+    out = run_bench("warmup.py", tmp_path).stdout
+    result = json.loads((tmp_path / "warmup.json").read_text())
+    assert result["errors"] == []
+    (warm,) = result["warmup"]
+    assert warm["report"]["kernels"] > 0 and warm["report"]["failed"] == 0 and warm["report"]["interpreter"]
+    for phase in ("first_calls", "startup"):
+        (run,) = result[phase]
+        assert run["compilations"]["compiled"] == 0
+        assert run["bucket_calls"] and all(c["keys_warmed"] for c in run["bucket_calls"])
+        assert run["first_calls"][0]["first_s"] > 0
+    assert result["startup"][0]["startup_kernels"] == warm["report"]["kernels"]
+    (row,) = result["summary"]
+    assert row["autotune_s"] > 0 and row["no_warmup_s"] > 0 and "after_warmup_vs_autotune" in row
+    assert "zero compilations after warm-up: yes" in out
 
 
 def test_round_order_puts_every_method_in_every_place():

@@ -1,0 +1,394 @@
+"""Ahead-of-time warm-up (policy_runtime/warmup.py), checked on the CPU in Triton's interpreter.
+
+The interpreter compiles nothing, so what is checked here is what can be without a GPU: that the
+compile-only scope runs no kernel and leaves every output as it was; that the drivers make one
+representative call per bucket, instantiation and launch plan of a target (against the generated
+tables, for several targets); that the calls of other shapes in the same buckets (a new M, token
+count, length: a server's first requests) launch nothing whose specialization key, as Triton's own
+binder computes it, the warm-up did not compile; the command line's arguments and errors; the
+grouping of launches into kernels and the worker processes.  bench/warmup.py checks the GPU side
+(compile counts and first-call times in fresh processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import generated
+from conftest import REPO
+from generated import attention as at
+from generated import cache as cache_ops
+from generated import dispatch
+from generated import matmul as mm
+from generated import moe
+from generated import transform as transform_ops
+from policy_runtime import cache as rt_cache
+from policy_runtime import launch
+from policy_runtime import transform as rt_transform
+from policy_runtime import warmup as W
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's side; bench/warmup.py on a GPU")
+
+MODULES = [f"generated.{m}" for m in generated.KERNEL_MODULES]
+TARGETS = ("h200", "bi_v100", "a100")
+_PLANS: dict = {}
+
+
+def planned(target: str, pick: str = "first", **options) -> W.Plan:
+    key = (target, pick, tuple(sorted(options.items())))
+    if key not in _PLANS:
+        _PLANS[key] = W.plan(MODULES, target, pick=pick, **options)
+    return _PLANS[key]
+
+
+class Recorder:
+    def __init__(self):
+        self.kernels = []
+
+    def __call__(self, kernel, grid, args, kwargs):
+        self.kernels.append(kernel.__name__)
+
+
+# ----------------------------------------------------------------------------------------------
+# The compile-only scope
+
+
+def test_compile_only_scope_runs_no_kernel_and_leaves_outputs_alone():
+    bf16 = torch.bfloat16
+    sentinel = 7.0
+    a, b = torch.randn(40, 64), torch.randn(64, 48)
+    out = torch.full((40, 48), sentinel)
+    query, key = torch.randn(3, 2 * 16), torch.randn(3, 16)
+    q0, k0 = query.clone(), key.clone()
+    kv = torch.randn(3, 2, 8)
+    kc, vc = torch.full((4, 2, 2, 8), sentinel), torch.full((4, 2, 2, 8), sentinel)
+    pq, pk = torch.randn(10, 4, 64), torch.randn(10, 2, 64)
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    p_out = torch.full((10, 4, 64), sentinel)
+    d_out = torch.full((2, 4, 64), sentinel)
+    cache = torch.randn(2, 16, 2, 64)
+    table, lens = torch.zeros((2, 1), dtype=torch.int32), torch.tensor([5, 9], dtype=torch.int32)
+    x, w1, w2 = (
+        torch.randn(4, 32, dtype=bf16),
+        torch.randn(8, 2 * 16, 32, dtype=bf16),
+        torch.randn(8, 32, 16, dtype=bf16),
+    )
+    weights, ids = torch.rand(4, 2), torch.zeros((4, 2), dtype=torch.int32)
+    m_out = torch.full((4, 32), sentinel, dtype=bf16)
+    calls = {
+        "matmul": lambda: mm.matmul_triton(a, b, out=out, hw="h200"),
+        "rotary": lambda: transform_ops.rotary_embedding(
+            torch.zeros(3, dtype=torch.int64), query, key, torch.ones(4, 16), 16, True, hw="h200"
+        ),
+        "reshape_and_cache": lambda: cache_ops.reshape_and_cache(kv, kv, kc, vc, torch.tensor([0, 3, 5]), hw="h200"),
+        "copy_blocks": lambda: cache_ops.copy_blocks([kc], [vc], torch.tensor([[0, 1]]), hw="h200"),
+        "prefill": lambda: at.prefill_attention(pq, pk, pk, cu, cu, 10, 10, out=p_out, hw="h200"),
+        "decode": lambda: at.decode_attention(pq[:2], cache, cache, table, lens, out=d_out, hw="h200"),
+        # Every bucket of the target: gemv, grouped with the fused sum (fp32 atomics), grouped
+        # with the reduce kernel.
+        **{
+            f"fused_moe T={t}": (
+                lambda t=t: moe.fused_moe(
+                    x[:t].expand(t, 32) if t <= 4 else x.repeat(t // 4 + 1, 1)[:t],
+                    w1,
+                    w2,
+                    weights[:1].expand(t, 2),
+                    ids[:1].expand(t, 2),
+                    out=torch.full((t, 32), sentinel, dtype=bf16) if t > 4 else m_out[:t],
+                    hw="h200",
+                )
+            )
+            for t in (1, 16, 40, 600)
+        },
+        "topk_softmax": lambda: moe.topk_softmax(torch.randn(3, 8), 2, True),
+    }
+    for name, call in calls.items():
+        recorder = Recorder()
+        with launch._compile_only(recorder):
+            result = call()
+        assert recorder.kernels, name
+        if name.startswith("fused_moe"):
+            assert torch.all(result == sentinel), name
+    for t in (out, kc, vc, p_out, d_out, m_out):
+        assert torch.all(t == sentinel)
+    assert torch.equal(query, q0) and torch.equal(key, k0)
+    # Outside the scope the same call runs.
+    mm.matmul_triton(a, b, out=out, hw="h200")
+    torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_only_scope_is_this_threads_alone():
+    seen = {}
+    with launch._compile_only(Recorder()):
+        assert launch._compiling()
+        worker = threading.Thread(target=lambda: seen.setdefault("other thread", launch._compiling()))
+        worker.start()
+        worker.join()
+    assert seen == {"other thread": False}
+    assert not launch._compiling() and launch._SCOPES == 0
+
+
+def test_the_memory_bound_launch_path_hands_its_plan_to_the_scope():
+    x = torch.randn(5, 64)
+    recorder = Recorder()
+    with launch._compile_only(recorder):
+        transform_ops.silu_and_mul(x, hw="h200")
+        transform_ops.rms_norm(x, torch.ones(64), 1e-6, hw="h200")
+    assert recorder.kernels == ["_silu_and_mul_kernel", "_rms_norm_kernel"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The drivers' calls: one per bucket, instantiation and launch plan
+
+
+def launched(plan: W.Plan, module: str, *covers: str) -> set[str]:
+    return {
+        name
+        for call, per_call in zip(plan.calls, plan.launches)
+        if call.module == f"generated.{module}" and call.covers[: len(covers)] == covers
+        for name, _ in per_call
+    }
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_matmul_calls_cover_every_bucket_in_both_layouts(target):
+    plan = planned(target)
+    assert not plan.failed and not plan.notes
+    for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        buckets = mm.buckets(target, torch_dtype)
+        covered = [c.covers[2:] for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype]
+        assert covered == [(b.name, dtype, layout) for b in buckets for layout in W.MatmulDriver.LAYOUTS]
+        for call in (c for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype):
+            _, _, M, N, K, _ = call.args
+            bucket = mm.select(M, N, K, dtype=torch_dtype, hw=target)
+            assert bucket.name == call.covers[2] and K % bucket.triton.block_k == 0 and N % 16 == 0
+            assert launched(plan, "matmul", *call.covers) == {bucket.triton.name}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_attention_calls_compile_each_models_prefill_decode_and_merge(target):
+    plan = planned(target)
+    for model, dims in dispatch.MODEL_DIMS.items():
+        for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+            sel = at.select(torch_dtype, dims["head_dim"], hw=target)
+            assert launched(plan, "attention", "prefill", model, dtype) == {sel.prefill.name}
+            assert launched(plan, "attention", "decode", model, dtype) == {sel.decode.name, "_merge"}
+            causal = {c.covers[3] for c in plan.calls if c.covers[:3] == ("prefill", model, dtype)}
+            assert causal == {"causal", "full"}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
+    plan = planned(target)
+    experts = [m for m, d in dispatch.MODEL_DIMS.items() if d.get("num_experts")]
+    assert experts == ["qwen36"]
+    buckets = moe.buckets(target, torch.bfloat16)
+    covered = [c.covers[3] for c in plan.calls if c.covers[:3] == ("fused_moe", "qwen36", "bfloat16")]
+    assert covered == [b.name for b in buckets]
+    top_k = dispatch.MODEL_DIMS["qwen36"]["top_k"]
+    for b in buckets:
+        v = b.variant
+        expected = {v.up.__name__, v.down.__name__}
+        if v.kind == "grouped":
+            expected |= {"_align_count", "_align_scatter"}
+            if not v.fuse_sum and top_k > 1:
+                expected.add("_sum_rows")
+        assert launched(plan, "moe", "fused_moe", "qwen36", "bfloat16", b.name) == expected
+    assert launched(plan, "moe", "topk_softmax") == {"_topk_softmax_kernel"}
+    assert not any(c.covers[1] == "llama31_8b" for c in plan.calls if c.module == "generated.moe")
+
+
+def plan_keys(planner, *rest, max_tokens):
+    return {W._plan_key(planner(n, *rest)) for n in range(1, max_tokens + 1)}
+
+
+@pytest.mark.parametrize("target", ("h200", "bi_v100"))
+def test_memory_bound_calls_cover_every_launch_plan_over_token_counts(target):
+    """One call per distinct plan (kernel, constants, warps, block counts) over every token count
+    up to max_tokens, checked against the planners themselves."""
+    max_tokens = 2048
+    plan = planned(target, max_tokens=max_tokens)
+    tr, ca = transform_ops._KERNELS.launch, cache_ops._KERNELS.launch
+    for model, d in dispatch.MODEL_DIMS.items():
+        hd, nq, nk, hidden, inter = (
+            d["head_dim"],
+            d["num_heads"],
+            d["num_kv_heads"],
+            d["hidden_size"],
+            d["intermediate_size"],
+        )
+        for dtype in ("bfloat16", "float16"):
+            esize = 2
+            expected = {
+                ("rms_norm", "plain"): plan_keys(
+                    rt_transform._plan_rms_norm, hidden, esize, False, tr["rms_norm"][target], max_tokens=max_tokens
+                ),
+                ("rms_norm", "residual"): plan_keys(
+                    rt_transform._plan_rms_norm, hidden, esize, True, tr["rms_norm"][target], max_tokens=max_tokens
+                ),
+                ("silu_and_mul",): plan_keys(
+                    rt_transform._plan_silu_and_mul, inter, esize, tr["silu_and_mul"][target], max_tokens=max_tokens
+                ),
+                ("rotary_embedding", "neox"): plan_keys(
+                    rt_transform._plan_rotary_embedding,
+                    *(nq, nk, hd, hd, True, esize, tr["rotary_embedding"][target]),
+                    max_tokens=max_tokens,
+                ),
+                ("reshape_and_cache",): plan_keys(
+                    rt_cache._plan_reshape_and_cache,
+                    *(nk * hd, hd, esize, ca["reshape_and_cache"][target]),
+                    max_tokens=max_tokens,
+                ),
+                ("copy_blocks",): plan_keys(
+                    rt_cache._plan_copy_blocks,
+                    *(2, 16 * nk * hd, 8, esize, ca["copy_blocks"][target]),
+                    max_tokens=max_tokens,
+                ),
+            }
+            for (op, *variant), keys in expected.items():
+                texts = [
+                    c.covers[-1]
+                    for c in plan.calls
+                    if c.covers[0] == op and c.covers[1:3] == (model, dtype) and list(c.covers[3:-1]) == variant
+                ]
+                # Every plan of a token count up to max_tokens has its call (larger counts, sampled,
+                # may add plans), and no plan has two.
+                assert {W._plan_text(k) for k in keys} <= set(texts), (model, dtype, op)
+                assert len(texts) == len(set(texts)), (model, dtype, op)
+
+
+@pytest.mark.parametrize("target", ("h200", "bi_v100"))
+def test_calls_of_other_shapes_launch_only_what_warm_up_compiled(target):
+    """After warm-up, a server's first calls (another M in each matmul bucket, another token count
+    in each plan and MoE bucket, other lengths and batch sizes) launch only kernels whose
+    specialization key (Triton's own binder's, on the CPU) the warm-up compiled."""
+    first, other = planned(target), planned(target, pick="other")
+    assert [c.covers for c in first.calls] == [c.covers for c in other.calls]
+    changed = sum(1 for a, b in zip(first.calls, other.calls) if a.args != b.args)
+    assert changed >= 0.9 * len(first.calls)
+    assert other.keys() <= first.keys()
+    assert sum(map(len, other.launches)) == sum(map(len, first.launches))
+    # The check has teeth: N not a multiple of 16, an argument class the warm-up does not cover,
+    # is a new key.
+    for bucket in mm.buckets(target, torch.bfloat16):
+        call = next(c for c in first.calls if c.covers[1:] == ("matmul_16bit", bucket.name, "bfloat16", "b row-major"))
+        hw, dtype, M, N, K, layout = call.args
+        odd = W.Call(call.module, call.op, (hw, dtype, M, N + 8, K, layout), call.covers)
+        ((name, key),) = W._run_call(odd, torch.device("cpu")).launches
+        assert name == bucket.triton.name and key not in first.keys()
+
+
+# ----------------------------------------------------------------------------------------------
+# Launches grouped into kernels; worker processes
+
+
+def test_launches_with_one_key_are_one_kernel_heaviest_first():
+    calls = [W.Call("m", "x", (i,), ("x",), weight=w) for i, w in enumerate((1, 3, 1))]
+    launches = [[("k1", "A"), ("k2", "B")], [("k3", "C"), ("k1", "A")], [("k2", "B")]]
+    units = W._units(calls, launches)
+    assert [(u.kernel, u.launches, u.weight) for u in units] == [
+        ("k1", ((0, 0), (1, 1)), 3),
+        ("k3", ((1, 0),), 3),
+        ("k2", ((0, 1), (2, 0)), 1),
+    ]
+
+
+def test_h200_plan_counts():
+    plan = planned("h200")
+    by_module = {}
+    for u in plan.units:
+        by_module[u.module] = by_module.get(u.module, 0) + 1
+    # matmul: each distinct kernel of a dtype's buckets (buckets may share one), in 2 B layouts.
+    kernels = sum(len({b.triton.name for b in mm.buckets("h200", d)}) for d in (torch.bfloat16, torch.float16))
+    assert by_module["generated.matmul"] == 2 * kernels
+    # attention: 2 models x 2 dtypes x (prefill causal and not, decode, merge).
+    assert by_module["generated.attention"] == 16
+    assert len({u.key for u in plan.units}) == len(plan.units)
+
+
+def test_worker_processes_compile_their_share(tmp_path):
+    plan = W.plan(["generated.transform"], "h200", dtypes=["bf16"], models=["llama31_8b"])
+    got = {}
+    W._compile_in_workers(plan.units, plan.calls, 2, str(tmp_path), lambda i, r: got.setdefault(i, r))
+    assert sorted(got) == list(range(len(plan.units)))
+    for i, results in got.items():
+        assert [r.kernel for r in results] == [plan.units[i].kernel] * len(plan.units[i].launches)
+        assert all(r.error is None for r in results)
+
+
+# ----------------------------------------------------------------------------------------------
+# The entry points and the report
+
+
+def test_module_and_package_warmup_report():
+    report = transform_ops.warmup("h200", workers=0, dtypes=["bf16"])
+    assert report.modules == ("generated.transform",) and report.interpreter and report.ok
+    assert len(report.kernels) == len(W.plan(["generated.transform"], "h200", dtypes=["bf16"]).units)
+    text = str(report)
+    assert "warm-up of h200 (bfloat16" in text and "planned" in text and report.cache_dir in text
+    data = report.to_json()
+    assert data["kernels"] == len(report.kernels) and data["by_module"] == {"transform": len(report.kernels)}
+    full = generated.warmup("bi_v100", workers=0, dtypes=[torch.float16], models=["qwen36"])
+    assert set(full.by_module()) == set(generated.KERNEL_MODULES) and full.ok
+    assert full.dtypes == ("float16",) and full.models == ("qwen36",)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--hw", "nope"], "unknown --hw 'nope'; known: a10, a100"),
+        (["--hw", "h200", "--dtypes", "int8"], "unknown dtype 'int8'; expected bfloat16, float16, float32"),
+        (["--hw", "h200", "--modules", "nope"], "unknown module 'nope'; known: attention, cache, matmul, moe"),
+        (["--hw", "h200", "--models", "gpt2"], "unknown model 'gpt2'; known: llama31_8b, qwen36"),
+        (["--hw", "h200", "--package", "no_such_package"], "cannot import the generated package 'no_such_package'"),
+    ],
+)
+def test_command_line_errors_exit_2(argv, message, capsys):
+    assert W.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m policy_runtime.warmup: error: ") and message in err, err
+
+
+def test_command_line_plan_and_json(tmp_path, capsys):
+    assert W.main(["--hw", "h200", "--modules", "cache", "--dtypes", "fp16", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "cache: reshape_and_cache llama31_8b float16" in out and out.rstrip().endswith("kernels")
+    path = tmp_path / "report.json"
+    argv = ["--hw", "h200", "--modules", "transform,cache", "--dtypes", "bf16", "--json", str(path), "--no-progress"]
+    assert W.main(argv) == 0
+    assert "warm-up of h200 (bfloat16" in capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert data["modules"] == ["generated.transform", "generated.cache"] and data["failed"] == 0
+
+
+def test_module_entry_point_and_bad_option():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy_runtime.warmup", "--hw", "h200", "--workers", "two"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "--workers: invalid int value: 'two'" in proc.stderr
+
+
+def test_without_a_gpu_and_the_interpreter_warmup_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(launch, "_INTERPRET", False)
+    with pytest.raises(RuntimeError, match="there is none"):
+        generated.warmup("h200")
+    assert W.main(["--hw", "h200"]) == 2
+    assert "there is none" in capsys.readouterr().err
+
+
+def test_model_dims_are_the_model_specs():
+    assert dispatch.MODEL_DIMS["qwen36"]["num_experts"] == dispatch.QWEN36_NUM_EXPERTS
+    assert dispatch.MODEL_DIMS["llama31_8b"]["hidden_size"] == dispatch.LLAMA31_8B_HIDDEN_SIZE
+    assert tuple(dispatch.MODEL_DIMS) == tuple(dispatch.MODELS)
