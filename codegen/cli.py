@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import explain, pipeline, render, schema, write
-from .tune import cli as tune
+from .tune import args as tune_args
 from .errors import SpecErrors
 from .records import Resolution
 from .render import Rendered, is_generated
@@ -75,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     explain.add_argument("field", help="a field of its record")
     explain.add_argument("--hw", required=True, help="hardware spec name")
     explain.add_argument("--model", help="model spec name (default: the tree's default model)")
-    tune.add_parser(sub)
+    tune_args.add_parser(sub)
     return p
 
 
@@ -94,6 +94,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         root = args.root.resolve()
     try:
         if args.command == "tune":
+            from .tune import cli as tune  # tomlkit, rich: only for this command
+
             return tune.run(args, root, list(argv if argv is not None else sys.argv[1:]), out, err)
         res = pipeline.run(root, until="tree_to_resolution")
         if args.command == "show":
