@@ -327,6 +327,10 @@ def test_bad_tune_requests_exit_2_with_a_message(fake):
         (["tune", "matmul", "--hw", "h200", "--shapes", "12x0x4"], "has a dimension <= 0"),
         (["tune", "merge"], "give the results files"),
     ]
+    import torch
+
+    if not torch.cuda.is_available():
+        cases.append((["tune", "matmul"], "--hw auto: no GPU is visible here; pass --hw NAME"))
     for argv, message in cases:
         r = run_cli("--root", str(fake), *argv)
         assert r.code == 2 and message in r.err, (argv, r.err)

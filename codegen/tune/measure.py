@@ -23,6 +23,7 @@ Imports torch and the harness: only the ``tune`` command (never ``build``) reach
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import time
 from typing import Any, Callable, Mapping
@@ -92,25 +93,21 @@ class Shard:
         return self._problems[shape]
 
     def _checked(self, problem: Any, cand: Candidate) -> tuple[Callable[[], Any] | None, str]:
-        """A candidate's runner after two correct runs, or None and why it is disqualified."""
+        """A candidate's runner after two correct runs, or None and why it is disqualified.  The
+        runner's output (a tensor the problem owns, NaN before the first run) is NaN-filled again
+        between the runs, so the second must write every element too."""
         try:
             run = problem.kernel(dict(cand.record))
             errors = []
             for _ in range(2):
                 out = run()
-                if hasattr(out, "fill_"):
-                    errors.append(problem.error(out))
-                    out.fill_(float("nan"))
-                else:
-                    errors.append(problem.error(out))
+                errors.append(problem.error(out))
+                out.fill_(float("nan"))
         except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch is a result
             return None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        bad = [e for e in errors if not (e == e) or e > self.plan.tolerance]  # NaN != NaN
-        if bad:
-            return (
-                None,
-                f"relative error {max(errors, key=lambda e: (e != e, e)):.3g} > tolerance {self.plan.tolerance:g}",
-            )
+        worst = max(errors, key=lambda e: (math.isnan(e), e))
+        if math.isnan(worst) or worst > self.plan.tolerance:
+            return None, f"relative error {worst:.3g} > tolerance {self.plan.tolerance:g}"
         return run, ""
 
     def measure(self, chunk: Chunk) -> dict[str, Any]:
