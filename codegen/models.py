@@ -488,8 +488,11 @@ class TuneSpec(Spec):
     # The variant whose records are timed (others are only checked); the harness's dtype.
     variant: Ident
     dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
-    # Default problem shapes, one value per bucket dimension in order; each is timed for the
-    # bucket that serves it.
+    # The problem's dimensions for a config that is not bucketed (whose one record serves every
+    # problem: the policy is tuned as one bucket); a bucketed config's are its bucket dimensions.
+    dims: tuple[Ident, ...] | None = None
+    # Default problem shapes, one value per dimension in order; each is timed for the bucket that
+    # serves it.
     shapes: tuple[tuple[PosInt, ...], ...] = Field(min_length=1)
     # Fixed problem parameters handed to the harness with each shape, and model fields added to
     # them (from --model, else the tree's default model), e.g. a MoE layer's expert count and sizes.

@@ -494,16 +494,17 @@ def load_tune(
     start = len(problems)
     path: KeyPath = (config, "tune")
     ctx = _Ctx(config, record, fields, dims, source, parse_rule, {}, {}, problems)
-    if dims is None:
-        ctx.problem(path, "only a bucketed config (one with a [buckets] table) can be tuned")
+    if dims is not None and spec.dims is not None:
+        ctx.problem(path + ("dims",), f"a bucketed config's problems have its bucket dimensions ({', '.join(dims)})")
+    if dims is None and spec.dims is None:
+        ctx.problem(path, "a config that is not bucketed names its problem dimensions: dims = [...]")
         return None
+    dims = dims if dims is not None else spec.dims
     if spec.variant not in variants:
         ctx.problem(path + ("variant",), f"no such variant (variants: {', '.join(variants)})", value=spec.variant)
     for i, shape in enumerate(spec.shapes):
         if len(shape) != len(dims):
-            ctx.problem(
-                path + ("shapes", i), f"a shape gives one value per bucket dimension ({', '.join(dims)})", value=shape
-            )
+            ctx.problem(path + ("shapes", i), f"a shape gives one value per dimension ({', '.join(dims)})", value=shape)
     if spec.backend is not None:
         bpath = path + ("backend",)
         if spec.backend.field not in fields:

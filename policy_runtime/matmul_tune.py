@@ -4,7 +4,8 @@ Named by ``[matmul.tune] harness`` in specs/kernels/matmul.toml; the tuner knows
 this protocol (``codegen/tune/measure.py``):
 
 - ``HARNESS.problem(shape, dtype, device, params)`` -> a problem for one shape (``{"m": .., "n": .., "k": ..}``;
-  ``params``: the spec's fixed problem parameters, none for matmul);
+  ``params``: the spec's fixed problem parameters and model fields, none for matmul, and
+  ``params["target"]``, the hardware spec name tuned);
 - ``problem.kernel(record)`` -> a no-argument callable running the family's kernel with that
   record's values (a ``MatmulConfig`` bucket record, as ``codegen`` resolved it for the target)
   and returning its output, or raising ValueError where the record cannot serve the problem;

@@ -396,3 +396,56 @@ def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
         for record in (dict(gemv, fuse_sum=True), dict(grouped, fuse_sum=True), dict(grouped, fuse_sum=False)):
             out = problem.kernel(dict(record, num_warps=4, num_stages=2))()
             assert problem.error(out) < 2e-3, (T, record)
+
+
+def test_a_config_that_is_not_bucketed_is_tuned_as_one_and_written_at_policy_level(project):
+    # attention: one record per target and model; the winner goes into a policy of h200's own.
+    p = plan(load.load(project), "attention", "h200", shapes=[(8, 8192)])
+    (b,) = p.buckets
+    assert b.name == "policy" and len(b.candidates) == 3 and dict(p.params)["head_dim"] == 256
+    win = next(c for c in b.candidates if "1024" in c.label)
+    s = p.shape_text(b.shapes[0])
+    entry = {"incumbent_ms": 1.0, "spread": 0.01, "candidates": {}}
+    for c in b.candidates:
+        entry["candidates"][c.key] = {"ms": 1.0, "vs_incumbent": 1.2 if c is win else 0.9}
+    line = {
+        "kind": "chunk",
+        "index": 0,
+        "bucket": "policy",
+        "keys": [c.key for c in b.candidates],
+        "shapes": {s: entry},
+    }
+    merged = results_mod.Merged(p.fingerprint, "attention", "h200", ({"env": {}},), {0: line})
+    (verdict,) = decide(p, merged)
+    assert verdict.winner is win
+    from codegen.tune.writeback import edits
+
+    (edit,) = edits(load.load(project), p, (verdict,), env={"device": "test"}, date="2026-12-01", command="test")
+    added = _only_inserted(edit.before, edit.after)
+    assert (
+        'targets = ["h200"]' in added and 'partition_size = {expr = "1024 if model.head_dim == 256 else 512"}' in added
+    )
+    assert not any("amend" in line for line in added)
+    (project / edit.path).write_text(edit.after)
+    res = resolve.resolve(load.load(project))
+    (bf16,) = [v for v in res.for_config("attention") if v.variant == "attention_bf16" and v.model == "qwen36"]
+    part = {t: dict(bf16.resolved[t].record)["partition_size"] for t in ("h100", "h200")}
+    assert part == {"h100": 512, "h200": 1024}
+    (llama,) = [v for v in res.for_config("attention") if v.variant == "attention_bf16" and v.model == "llama31_8b"]
+    assert dict(llama.resolved["h200"].record)["partition_size"] == 512
+
+
+def test_the_attention_harness_runs_decode_records_in_the_interpreter():
+    import dataclasses
+
+    import torch
+
+    from generated.dispatch import dispatch_kernel_config
+    from policy_runtime.attention_tune import HARNESS
+
+    params = dict(num_heads=4, num_kv_heads=2, head_dim=256, target="h200")
+    problem = HARNESS.problem({"batch": 2, "context": 100}, torch.float16, "cpu", params)
+    record = dataclasses.asdict(dispatch_kernel_config("attention_fp16", "h200", "qwen36"))
+    for ps in (32, 64):  # V2 partitions of 32 and 64 tokens past a 64-token V1 limit
+        out = problem.kernel(dict(record, partition_size=ps, v1_v2_threshold=64))()
+        assert problem.error(out) < 2e-3

@@ -88,7 +88,10 @@ class Shard:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             self._problems.clear()  # one shape's buffers at a time (8192^3 in bf16: 384 MiB)
             self._problems[shape] = self.harness.problem(
-                dict(zip(self.plan.dims, shape)), getattr(torch, self.plan.dtype), device, dict(self.plan.params)
+                dict(zip(self.plan.dims, shape)),
+                getattr(torch, self.plan.dtype),
+                device,
+                dict(self.plan.params, target=self.plan.target),
             )
         return self._problems[shape]
 

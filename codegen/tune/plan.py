@@ -26,7 +26,6 @@ from ..errors import SpecProblem
 from ..policies import load_tune
 from ..records import (
     Bound,
-    Bucket,
     Config,
     ExprValue,
     FrozenMap,
@@ -243,30 +242,30 @@ def plan(
     if hw is None:
         raise PlanError(f"no hardware spec {target!r} (known: {', '.join(h.name for h in tree.hardware)})")
     tune: Tune = cfg.tune
-    assert cfg.dims is not None
     if cfg.models and model is None:
         model = tree.project.default_model if tree.project.default_model in cfg.models else cfg.models[0]
     if not cfg.models:
         model = None
     policy = chain(cfg, hw)
-    assert policy is not None and policy.buckets is not None  # resolve() passed for the tree
+    assert policy is not None  # resolve() passed for the tree
+    dims = cfg.dims if cfg.dims is not None else tune.spec.dims
+    assert dims is not None  # load_tune checked
     shapes = [tuple(s) for s in (shapes if shapes is not None else tune.spec.shapes)]
     for s in shapes:
-        if len(s) != len(cfg.dims):
-            raise PlanError(f"shape {'x'.join(map(str, s))}: give one value per dimension ({', '.join(cfg.dims)})")
+        if len(s) != len(dims):
+            raise PlanError(f"shape {'x'.join(map(str, s))}: give one value per dimension ({', '.join(dims)})")
+    slots = _slots(policy)
     by_bucket: dict[str, list[tuple[int, ...]]] = {}
     for s in shapes:
-        b = next(b for b in policy.buckets if in_bucket(b.bounds, cfg.dims, s))
-        if s not in by_bucket.setdefault(b.name, []):
-            by_bucket[b.name].append(s)
+        slot = next(sl for sl in slots if in_bucket(sl.bounds, dims, s))
+        if s not in by_bucket.setdefault(slot.name, []):
+            by_bucket[slot.name].append(s)
     spaces = (space,) if space is not None else tune.spaces
-    bplans = []
-    for i, bucket in enumerate(policy.buckets):
-        if bucket.name not in by_bucket:
-            continue
-        bplans.append(_bucket_plan(tree, target, cfg, policy, i, bucket, tuple(by_bucket[bucket.name]), spaces, model))
-    if not bplans:
-        raise PlanError(f"no shape falls in a bucket of {policy.label} on {target}")
+    bplans = [
+        _bucket_plan(tree, target, cfg, sl, tuple(by_bucket[sl.name]), spaces, model)
+        for sl in slots
+        if sl.name in by_bucket
+    ]
     size = chunk or tune.spec.chunk
     per_bucket = [
         [(b.name, tuple(c.key for c in b.candidates[j : j + size])) for j in range(0, len(b.candidates), size)]
@@ -293,7 +292,7 @@ def plan(
         target=target,
         variant=spec.variant,
         model=model,
-        dims=tuple(cfg.dims),
+        dims=tuple(dims),
         dtype=dtype or spec.dtype,
         harness=spec.harness,
         rounds=rounds or spec.rounds,
@@ -311,7 +310,7 @@ def plan(
         **core,
         budget_s=budget_s or spec.budget_s,
         buckets=tuple(bplans),
-        idle=tuple(b.name for b in policy.buckets if b.name not in by_bucket),
+        idle=tuple(sl.name for sl in slots if sl.name not in by_bucket),
         chunks=chunks,
         policy=policy.label,
         backend=spec.backend,
@@ -319,42 +318,71 @@ def plan(
     )
 
 
+# The one "bucket" of a config that is not bucketed: its policy's record.
+PLAIN = "policy"
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """What a candidate changes: a bucket of the policy, or (PLAIN) the policy's own values."""
+
+    name: str
+    bounds: tuple[Bound, ...]
+    values: Mapping[str, Value]
+    policy: Policy
+    index: int | None  # the bucket's position; None for PLAIN
+
+    def with_values(self, values: Mapping[str, Value]) -> Policy:
+        merged = FrozenMap({**self.values, **values})
+        if self.index is None:
+            return replace(self.policy, values=merged)
+        buckets = self.policy.buckets
+        assert buckets is not None
+        changed = replace(buckets[self.index], values=merged)
+        return replace(self.policy, buckets=buckets[: self.index] + (changed,) + buckets[self.index + 1 :])
+
+    def record(self, resolved: Any) -> Any:
+        return resolved.record if self.index is None else resolved.buckets[self.index].record
+
+
+def _slots(policy: Policy) -> list[_Slot]:
+    if policy.buckets is None:
+        return [_Slot(PLAIN, (), policy.values, policy, None)]
+    return [_Slot(b.name, b.bounds, b.values, policy, i) for i, b in enumerate(policy.buckets)]
+
+
 def _bucket_plan(
     tree: SpecTree,
     target: str,
     cfg: Config,
-    policy: Policy,
-    index: int,
-    bucket: Bucket,
+    slot: _Slot,
     shapes: tuple[tuple[int, ...], ...],
     spaces: Sequence[TuneSpace],
     model: str | None,
 ) -> BucketPlan:
     assert cfg.tune is not None
     variant = cfg.tune.spec.variant
-    mine = [s for s in spaces if s.buckets is None or bucket.name in s.buckets]
+    mine = [s for s in spaces if s.buckets is None or slot.name in s.buckets]
     axes_fields = [f for f in cfg.fields if any(f in s.axes for s in mine)]
 
     def resolve(values: Mapping[str, Value]) -> tuple[FrozenMap | None, str]:
-        changed = replace(bucket, values=FrozenMap({**bucket.values, **values}))
-        pol = replace(policy, buckets=policy.buckets[:index] + (changed,) + policy.buckets[index + 1 :])  # type: ignore[index]
+        pol = slot.with_values(values)
         records = {}
         for v in sorted(cfg.variants):
             r, problems = resolve_target(tree, cfg, v, target, model, pol)
             if r is None:
                 first = problems[0].rule if problems else "no record"
                 return None, first + ("" if len(cfg.variants) == 1 else f" [variant {v}]")
-            assert r.buckets is not None
-            records[v] = FrozenMap(r.buckets[index].record)
+            records[v] = FrozenMap(slot.record(r))
         return FrozenMap(records), ""
 
     inc_records, why = resolve({})
     if inc_records is None:
-        raise PlanError(f"the incumbent of bucket {bucket.name} does not resolve: {why}")
-    inc_written = FrozenMap({f: written_value(bucket.values[f]) for f in axes_fields if f in bucket.values})
+        raise PlanError(f"the incumbent of bucket {slot.name} does not resolve: {why}")
+    inc_written = FrozenMap({f: written_value(slot.values[f]) for f in axes_fields if f in slot.values})
     incumbent = Candidate(
         _digest([INCUMBENT, dict(inc_records[variant])]),
-        bucket.name,
+        slot.name,
         inc_written,
         inc_records[variant],
         inc_records,
@@ -375,7 +403,7 @@ def _bucket_plan(
             if records in seen:
                 continue
             seen.add(records)
-            key = _digest([bucket.name, dict(records[variant]), dict(written)])
-            candidates.append(Candidate(key, bucket.name, written, records[variant], records, space.name))
+            key = _digest([slot.name, dict(records[variant]), dict(written)])
+            candidates.append(Candidate(key, slot.name, written, records[variant], records, space.name))
     candidates.sort(key=lambda c: hashlib.sha256(c.key.encode()).hexdigest())
-    return BucketPlan(bucket.name, shapes, incumbent, tuple(candidates), tuple(rejected))
+    return BucketPlan(slot.name, shapes, incumbent, tuple(candidates), tuple(rejected))

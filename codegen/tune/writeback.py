@@ -84,7 +84,8 @@ def edits(
     cfg = tree.config(plan.config)
     hw = next(h for h in tree.hardware if h.name == plan.target)
     policy = chain(cfg, hw)
-    assert policy is not None and policy.buckets is not None
+    assert policy is not None
+    plain = policy.buckets is None  # a config that is not bucketed: its one record is the "bucket"
     src, keypath, _ = cfg.source.origin(policy.keypath)
     doc = tomlkit.parse(src.text)
     serving = [h.name for h in tree.hardware if policy in _lineage(cfg, chain(cfg, h))]
@@ -98,19 +99,24 @@ def edits(
                 "split it by hand, or pass --scope policy to change it for all of them"
             )
         table = None
-        amend_into = _new_policy(doc, cfg, policy, keypath, plan, hw.spec.vendor, hw.spec.arch, date)
+        amend_into = _new_policy(doc, policy, keypath, plan, hw.spec.vendor, hw.spec.arch, date, plain)
     measured_all = not plan.idle and all(v.unmeasured == 0 and not v.failed for v in verdicts)
     for v, ch in todo:
-        bucket = next(b for b in policy.buckets if b.name == v.bucket)
-        previous = {f: written_value(bucket.values[f]) for f in ch if f in bucket.values}
-        target_table = None
-        if table is not None and "bucket" in table:
-            target_table = next((t for t in table["bucket"] if t.get("name") == v.bucket), None)
-        if target_table is None:
-            target_table = _amend_table(amend_into, v.bucket)
+        if plain:
+            values = policy.values
+            target_table = amend_into  # the policy's own table, or the new one
+        else:
+            values = next(b for b in policy.buckets if b.name == v.bucket).values  # type: ignore[union-attr]
+            target_table = None
+            if table is not None and "bucket" in table:
+                target_table = next((t for t in table["bucket"] if t.get("name") == v.bucket), None)
+            if target_table is None:
+                target_table = _amend_table(amend_into, v.bucket)
+        previous = {f: written_value(values[f]) for f in ch if f in values}
         for f, value in ch.items():
             target_table[f] = _toml(value)
-        target_table["note"] = _note(plan, v, env, date)
+        if not (plain and table is not None):  # a policy's own note says what the policy is for: kept
+            target_table["note"] = _note(plan, v, env, date)
         if "provenance" in target_table:
             del target_table["provenance"]
         target_table.add("provenance", _provenance(plan, v, env, date, command, previous))
@@ -152,22 +158,24 @@ def _at(doc: Any, keypath: tuple) -> Table:
 
 
 def _new_policy(
-    doc: Any, cfg: Config, parent: Policy, keypath: tuple, plan: Plan, vendor: str, arch: int, date: str
+    doc: Any, parent: Policy, keypath: tuple, plan: Plan, vendor: str, arch: int, date: str, plain: bool
 ) -> Table:
     """A policy limited to the plan's target, chained from ``parent``, after it in the file."""
     t = tomlkit.table()
     t.add("vendor", vendor)
     t.add("min_arch", parent.min_arch if parent.vendor == vendor and parent.min_arch is not None else arch)
     t.add("targets", [plan.target])
-    t.add(
-        "note",
-        f"Measured on {plan.target} only (codegen tune, {date}): the buckets amended below; "
-        f"the rest as {parent.label}, which other parts of this arch keep.",
-    )
+    if not plain:
+        t.add(
+            "note",
+            f"Measured on {plan.target} only (codegen tune, {date}): the buckets amended below; "
+            f"the rest as {parent.label}, which other parts of this arch keep.",
+        )
     if not parent.tuned:
         t.add("tuned", False)
-    t.add(tomlkit.nl())
-    t.add("amend", tomlkit.aot())
+    if not plain:
+        t.add(tomlkit.nl())
+        t.add("amend", tomlkit.aot())
     config_table = _at(doc, keypath[:1])
     policies = config_table.get("policy")
     if policies is None:
