@@ -18,12 +18,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .timing import rel_err
+from .tuning import Problem
 
 BLOCK_SIZE = 16
 
 
-class DecodeProblem:
+class DecodeProblem(Problem):
     def __init__(self, batch: int, context: int, params: Mapping[str, Any], dtype: torch.dtype, device: Any):
         H, Hkv, D = params["num_heads"], params["num_kv_heads"], params["head_dim"]
         self.target = params["target"]
@@ -62,12 +62,6 @@ class DecodeProblem:
             return out
 
         return run
-
-    def library(self) -> None:
-        return None
-
-    def error(self, out: torch.Tensor) -> float:
-        return rel_err(out, self.reference)
 
 
 class _Harness:

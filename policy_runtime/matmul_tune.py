@@ -25,8 +25,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import matmul as _mm
-from .timing import rel_err
-from .tuning import BoundKernel
+from .tuning import BoundKernel, Problem
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:
@@ -71,7 +70,7 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:
     )
 
 
-class MatmulProblem:
+class MatmulProblem(Problem):
     """C = A @ B for one (m, n, k): seeded inputs, an fp32 reference, one output per runner."""
 
     def __init__(self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, seed: int = 0):
@@ -96,9 +95,6 @@ class MatmulProblem:
     def library(self) -> Callable[[], torch.Tensor]:
         out = torch.empty((self.m, self.n), dtype=self.a.dtype, device=self.a.device)
         return lambda: torch.matmul(self.a, self.b, out=out)
-
-    def error(self, out: torch.Tensor) -> float:
-        return rel_err(out, self.reference)
 
 
 class _Harness:

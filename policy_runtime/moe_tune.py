@@ -16,8 +16,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import moe as _moe
-from .timing import rel_err
-from .tuning import BoundKernel
+from .tuning import BoundKernel, Problem
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
@@ -29,7 +28,9 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
         up = BoundKernel(_moe._gemv_up, "candidate_gemv_up", consts)
         down = BoundKernel(_moe._gemv_down, "candidate_gemv_down", consts)
     else:
-        consts = dict(BLOCK_M=record["block_size_m"], BLOCK_N=n, BLOCK_K=k, GROUP_M=record["group_size_m"], DOT_PREC=prec)
+        consts = dict(
+            BLOCK_M=record["block_size_m"], BLOCK_N=n, BLOCK_K=k, GROUP_M=record["group_size_m"], DOT_PREC=prec
+        )
         up = BoundKernel(_moe._grouped_up, "candidate_grouped_up", consts)
         down = BoundKernel(_moe._grouped_down, "candidate_grouped_down", dict(consts, FUSE_SUM=record["fuse_sum"]))
     return _moe.Variant(
@@ -46,7 +47,7 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
     )
 
 
-class MoEProblem:
+class MoEProblem(Problem):
     """T tokens through one MoE layer: seeded weights and routing, an fp32 per-expert reference."""
 
     def __init__(self, T: int, params: Mapping[str, Any], dtype: torch.dtype, device: Any, seed: int = 0):
@@ -88,15 +89,11 @@ class MoEProblem:
 
         return run
 
-    def library(self) -> None:
-        return None
-
-    def error(self, out: torch.Tensor) -> float:
-        return rel_err(out, self.reference)
-
 
 class _Harness:
-    def problem(self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, params: Mapping[str, Any]) -> MoEProblem:
+    def problem(
+        self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, params: Mapping[str, Any]
+    ) -> MoEProblem:
         return MoEProblem(shape["t"], params, dtype, device)
 
 

@@ -8,7 +8,11 @@ for the generated wrapper.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+import torch
+
+from .timing import rel_err
 
 
 class BoundKernel:
@@ -23,3 +27,16 @@ class BoundKernel:
     def __getitem__(self, grid: tuple) -> Callable[..., Any]:
         launch = self.body[grid]
         return lambda *args, **kw: launch(*args, **self.consts, **kw)
+
+
+class Problem:
+    """What every problem of a harness has: an fp32 ``reference`` its outputs are checked
+    against, and (unless it overrides ``library``) no vendor library to time."""
+
+    reference: torch.Tensor
+
+    def library(self) -> Optional[Callable[[], torch.Tensor]]:
+        return None
+
+    def error(self, out: torch.Tensor) -> float:
+        return rel_err(out, self.reference)
