@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel
 
@@ -448,30 +448,7 @@ def _load_config(
             problems.append(source.problem((name, "derived", dname), "derived name collides with a field or parameter"))
 
     reads_model: list[KeyPath] = []  # rules that read model.*
-
-    def parse_rule(text: str, path: KeyPath, extra: frozenset[str] = frozenset()) -> rules.Expr | None:
-        try:
-            expr = rules.parse(text)
-        except rules.RuleError as exc:
-            problems.append(source.problem(path, f"invalid rule: {exc}", value=text))
-            return None
-        unknown = sorted(expr.names - known - extra)
-        if unknown:
-            problems.append(
-                source.problem(
-                    path,
-                    f"rule reads unknown name(s) {', '.join(unknown)}; known: {', '.join(sorted(known | extra))}",
-                    value=text,
-                )
-            )
-            return None
-        bad_attr = _check_namespace_attrs(expr, spec.models != ())
-        if bad_attr:
-            problems.append(source.problem(path, bad_attr, value=text))
-            return None
-        if any(ns == "model" for ns, _ in expr.attrs):
-            reads_model.append(path)
-        return expr
+    parse_rule = rule_parser(known, spec.models != (), source, problems, reads_model)
 
     derived = {}
     for dname, text in spec.derived.items():
@@ -572,6 +549,45 @@ def _check_selector(
                     path, f"not a parameter of every variant (parameters: {', '.join(sorted(params))})", value=what
                 )
             )
+
+
+def rule_parser(
+    known: set[str],
+    has_model: bool,
+    source: Source,
+    problems: list[SpecProblem],
+    reads_model: list[KeyPath] | None = None,
+) -> Callable[..., rules.Expr | None]:
+    """The parser of a config's rules: each parsed and vetted, reading only ``known`` names (and
+    a pick's own field, ``extra``) and the attributes resolve.py provides; a problem is added to
+    ``problems`` (and None returned), the key path of a rule that reads ``model.*`` to
+    ``reads_model``.  ``codegen tune --space`` parses its axes with the same one."""
+
+    def parse_rule(text: str, path: KeyPath, extra: frozenset[str] = frozenset()) -> rules.Expr | None:
+        try:
+            expr = rules.parse(text)
+        except rules.RuleError as exc:
+            problems.append(source.problem(path, f"invalid rule: {exc}", value=text))
+            return None
+        unknown = sorted(expr.names - known - extra)
+        if unknown:
+            problems.append(
+                source.problem(
+                    path,
+                    f"rule reads unknown name(s) {', '.join(unknown)}; known: {', '.join(sorted(known | extra))}",
+                    value=text,
+                )
+            )
+            return None
+        bad_attr = _check_namespace_attrs(expr, has_model)
+        if bad_attr:
+            problems.append(source.problem(path, bad_attr, value=text))
+            return None
+        if reads_model is not None and any(ns == "model" for ns, _ in expr.attrs):
+            reads_model.append(path)
+        return expr
+
+    return parse_rule
 
 
 def _check_namespace_attrs(expr: rules.Expr, has_model: bool) -> str | None:

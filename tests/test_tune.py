@@ -324,6 +324,9 @@ def test_bad_tune_requests_exit_2_with_a_message(fake):
         (["tune", "matmul", "--hw", "nosuch"], "no hardware spec 'nosuch'"),
         (["tune", "matmul", "--hw", "h200", "--shard", "3/2"], "I must be in 0..N-1"),
         (["tune", "matmul", "--hw", "h200", "--space", "blockm=64"], "not a field of MatmulConfig"),
+        (["tune", "matmul", "--hw", "h200", "--space", "block_k=expr:1+"], "invalid rule"),
+        (["tune", "matmul", "--hw", "h200", "--space", "block_k=expr:hw.nosuch"], "'hw.nosuch' is not a hardware"),
+        (["tune", "matmul", "--hw", "h200", "--space", "Block_m=64"], "--space: axes.Block_m"),
         (["tune", "matmul", "--hw", "h200", "--shapes", "12x0x4"], "has a dimension <= 0"),
         (["tune", "merge"], "give the results files"),
     ]

@@ -112,7 +112,7 @@ def make_plan(tree: SpecTree, kernel: str, target: str, pa: dict[str, Any], budg
             raise PlanError(f"no kernel config {kernel!r}") from None
         if cfg.tune is None:
             raise PlanError(f"{kernel} declares no [{kernel}.tune] table, so it cannot be tuned")
-        space = cli_space(tree, cfg, pa["space"], pa.get("buckets"))
+        space = cli_space(cfg, pa["space"], pa.get("buckets"))
     elif pa.get("buckets"):
         raise TuneError("--buckets goes with --space")
     return plan(

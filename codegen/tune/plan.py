@@ -22,7 +22,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from ..errors import SpecProblem
+from ..errors import SpecProblem, validate
+from ..load import rule_parser
 from ..policies import load_tune
 from ..records import (
     Bound,
@@ -153,7 +154,7 @@ def in_bucket(bounds: Sequence[Bound], dims: Sequence[str], shape: Sequence[int]
     return True
 
 
-def cli_space(tree: SpecTree, cfg: Config, axes: Sequence[str], buckets: Sequence[str] | None) -> TuneSpace:
+def cli_space(cfg: Config, axes: Sequence[str], buckets: Sequence[str] | None) -> TuneSpace:
     """``--space block_m=64,128 num_stages=3,4 block_k=expr:128//dtype_bytes``: one space over
     the given buckets (all where none are named), checked as a spec's space is."""
     raw: dict[str, list[Any]] = {}
@@ -163,10 +164,18 @@ def cli_space(tree: SpecTree, cfg: Config, axes: Sequence[str], buckets: Sequenc
             raise PlanError(f"--space: expected FIELD=V1,V2,... (got {item!r})")
         raw[name] = [_cli_value(v) for v in values.split(",")]
     assert cfg.tune is not None
-    spec = cfg.tune.spec.model_copy(
-        update={"space": (TuneSpaceSpec(name="command_line", buckets=tuple(buckets) if buckets else None, axes=raw),)}
-    )
     problems: list[SpecProblem] = []
+    source = Source("--space", "")
+    space = validate(
+        TuneSpaceSpec,
+        {"name": "command_line", "buckets": list(buckets) if buckets else None, "axes": raw},
+        source,
+        (),
+        problems,
+    )
+    if space is None:
+        raise PlanError("; ".join(p.render() for p in problems))
+    spec = cfg.tune.spec.model_copy(update={"space": (space,)})
     tune = load_tune(
         config=cfg.name,
         record=cfg.record,
@@ -176,8 +185,13 @@ def cli_space(tree: SpecTree, cfg: Config, axes: Sequence[str], buckets: Sequenc
         policies=cfg.policies,
         base=cfg.base,
         spec=spec,
-        source=Source("--space", ""),
-        parse_rule=_parse_rule(cfg),
+        source=source,
+        parse_rule=rule_parser(
+            set(cfg.fields) | set(cfg.derived) | {p for ps in cfg.variants.values() for p in ps},
+            bool(cfg.models),
+            source,
+            problems,
+        ),
         problems=problems,
     )
     if tune is None:
@@ -198,21 +212,6 @@ def _cli_value(text: str) -> Any:
         return float(text)
     except ValueError:
         return text
-
-
-def _parse_rule(cfg: Config) -> Any:
-    from .. import rules
-
-    known = set(cfg.fields) | set(cfg.derived) | {p for ps in cfg.variants.values() for p in ps}
-
-    def parse(text: str, path: Any, extra: frozenset[str] = frozenset()) -> Any:
-        expr = rules.parse(text)
-        unknown = sorted(expr.names - known - extra)
-        if unknown:
-            raise PlanError(f"--space: rule {text!r} reads unknown name(s) {', '.join(unknown)}")
-        return expr
-
-    return parse
 
 
 def plan(
