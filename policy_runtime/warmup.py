@@ -4,8 +4,8 @@
 ``generated.<module>.warmup(...)`` (one) call ``warmup`` below; ``python -m policy_runtime.warmup``
 is the command for deployment scripts (``--help``).  What it does:
 
-1. Each kernel module's driver (``_WARMUP`` in the generated module: a ``MatmulDriver``,
-   ``TransformDriver``, ... below, over that module's own tables) lists the *representative
+1. Each kernel module's driver (a ``MatmulDriver``, ``TransformDriver``, ... below, over that
+   module's own tables, which its ``_WARMUP`` names) lists the *representative
    calls* of the target: one call of a public entry point per bucket, instantiation or launch
    plan the target's policies can reach, for each dtype asked (``Call``).
 2. Each call runs through the entry point's own path inside a compile-only scope
@@ -629,9 +629,18 @@ class _Handler:
             self.compiled[number] = _compile(kernel, grid, args, kwargs)
 
 
+# Drivers built so far, by module name (a driver memoises what it searched, e.g. matmul's shapes).
+_DRIVERS: dict[str, Any] = {}
+
+
 def _driver(module: str) -> Any:
-    """The module's warm-up driver (``_WARMUP``: its template's), or None."""
-    return getattr(importlib.import_module(module), "_WARMUP", None)
+    """The module's warm-up driver, or None: its ``_WARMUP`` names a driver class below and the
+    module attribute holding the tables it reads (generated modules do not import this module)."""
+    if module not in _DRIVERS:
+        mod = importlib.import_module(module)
+        spec = getattr(mod, "_WARMUP", None)
+        _DRIVERS[module] = None if spec is None else globals()[spec[0]](module, getattr(mod, spec[1]))
+    return _DRIVERS[module]
 
 
 def _run_call(call: Call, device: torch.device, compile: frozenset[int] = frozenset()) -> _Handler:

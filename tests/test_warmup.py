@@ -392,3 +392,14 @@ def test_model_dims_are_the_model_specs():
     assert dispatch.MODEL_DIMS["qwen36"]["num_experts"] == dispatch.QWEN36_NUM_EXPERTS
     assert dispatch.MODEL_DIMS["llama31_8b"]["hidden_size"] == dispatch.LLAMA31_8B_HIDDEN_SIZE
     assert tuple(dispatch.MODEL_DIMS) == tuple(dispatch.MODELS)
+
+
+def test_importing_the_kernel_modules_does_not_import_warm_up():
+    # Warm-up is for deployment scripts: a serving process that never calls it does not pay its import.
+    code = (
+        "import sys; import generated.matmul, generated.transform, generated.cache, generated.attention, "
+        "generated.moe; print('policy_runtime.warmup' in sys.modules)"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
