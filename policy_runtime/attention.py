@@ -35,8 +35,13 @@ __all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Se
 # base 2: exp2 is one instruction), and a row's running max starts at -1e30, not -inf, so that a
 # tile in which a row sees no key (all scores -inf) gives exp2(-inf - m) = 0 and a rescale
 # exp2(m - m) = 1, never NaN.
-# Partitions the V2 merge kernel reads per step.
-_MERGE_BLOCK_P = 16
+# The V2 merge kernel reads this many partitions a step (at 512-token partitions, a 32k context
+# in one step) in slices of this many head_dim columns, one slice a program: fixed, so that no
+# length or bound compiles a new merge kernel.  Against 16 partitions a step over the whole
+# head_dim, 1-3 us less per call at batch 1 and 32k context on an H200
+# (bench/results/h200_explore_decode2.json).
+_MERGE_BLOCK_P = 64
+_MERGE_BLOCK_D = 64
 # CUDA's limit on a grid's second and third dimensions.
 _MAX_GRID_YZ = 65535
 
@@ -196,10 +201,11 @@ def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l
 
 @triton.jit(do_not_specialize=["v1_limit", "torch_limit", "partition_size", "max_parts"])
 def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partition_size, max_parts, sos,
-           soh, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr):
-    # grid = (sequences, heads): the log-sum-exp merge of a V2 sequence's partitions.  With M the
-    # largest partition max (base 2), partition p weighs l_p * 2^(m_p - M); the output is the
-    # weighted mean of the partitions' normalised outputs.  Exact up to rounding.
+           soh, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid = (sequences, heads, HEAD_DIM // BLOCK_D): the log-sum-exp merge of a V2 sequence's
+    # partitions, BLOCK_D columns of one head a program.  With M the largest partition max (base
+    # 2), partition p weighs l_p * 2^(m_p - M); the output is the weighted mean of the
+    # partitions' normalised outputs.  Exact up to rounding.
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(sl_ptr + seq)
@@ -208,14 +214,14 @@ def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partiti
     n_parts = tl.cdiv(seq_len, partition_size)
     base = (seq.to(tl.int64) * tl.num_programs(1) + head) * max_parts
     offs_p = tl.arange(0, BLOCK_P)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     m_run = tl.full([BLOCK_P], -1.0e30, dtype=tl.float32)
     for p0 in range(0, n_parts, BLOCK_P):
         p = p0 + offs_p
         m_run = tl.maximum(m_run, tl.load(part_m + base + p, mask=p < n_parts, other=-1.0e30))
     m_all = tl.max(m_run, 0)
     w_sum = tl.zeros([BLOCK_P], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_P, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
     for p0 in range(0, n_parts, BLOCK_P):
         p = p0 + offs_p
         live = p < n_parts
@@ -661,10 +667,11 @@ class Attention:
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
             if parts > 1:
+                block_d = min(D, _MERGE_BLOCK_D)
                 _launch._launch_kernel(
-                    _merge, (S, H),
+                    _merge, (S, H, D // block_d),
                     out, part_o, part_m, part_l, seq_lens, v1_limit, torch_limit, ps, parts, out.stride(0),
-                    out.stride(1), D, _MERGE_BLOCK_P, num_warps=4,
+                    out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
                 )  # fmt: skip
 
         _launch_on(query, run)

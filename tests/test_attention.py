@@ -247,6 +247,15 @@ def test_every_decode_kernel_on_v1_v2_and_pytorch_paths(name):
             run_decode(kernel, dtype, [3, 60], 16, 8, 1, 64, cfg, launch)
 
 
+def test_the_merge_takes_more_partitions_than_one_step_in_column_slices():
+    """70 partitions (the merge reads rt._MERGE_BLOCK_P a step) of a head_dim of two column slices,
+    beside a sequence of one partition and a V1 one."""
+    assert 70 > rt._MERGE_BLOCK_P and 128 > rt._MERGE_BLOCK_D
+    cfg = small_config(partition_size=16, v1_v2_threshold=16, pytorch_decode_threshold=4096)
+    kernel = ATT.select(torch.float16, 128, "h200", None).decode
+    run_decode(kernel, torch.float16, [70 * 16 - 3, 17, 9], 16, 4, 2, 128, cfg, launch_record(128, v1_min_programs=0))
+
+
 @pytest.mark.parametrize("target", BROAD)
 @pytest.mark.parametrize("head_dim", at.HEAD_DIMS)
 def test_decode_through_the_public_function(target, head_dim):
