@@ -53,6 +53,8 @@ _MAX_EXPERTS = 4096
 # (up to 1024 columns of one token, or as many tokens as make 1024 elements).
 _ALIGN_BLOCK = 1024
 _SUM_BLOCK = 1024
+# topk_softmax gives each token of a call of at most this many its own program (see there).
+_TOPK_ONE_ROW_MAX_T = 64
 
 
 # ---------------------------------------------------------------------------------------
@@ -208,6 +210,9 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     # One token t per program (axis 0), BLOCK_N output columns (axis 1): the sum over its k
     # experts of weight * (h[t * k + j] @ w[e].T), in slot order, in one flat loop over (j, K);
     # the row padded to a 16-row tile as in _gemv_up, each step's product weighted in fp32.
+    # The next step's expert id and weight are read a step ahead, so that the weight tile's
+    # address never waits on a load of the same step (T = 1, qwen36: 19.0 -> 17.8 us on an H200,
+    # bench/results/h200_explore_decode2.json).
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = (offs_n % N).to(tl.int64)
@@ -215,12 +220,16 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     lane = tl.arange(0, 16)[:, None]
     first = lane == 0
     k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+    steps = top_k * k_tiles
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for it in range(0, top_k * k_tiles):
+    expert = tl.load(ids_ptr + t * top_k).to(tl.int64)
+    weight = tl.load(weights_ptr + t * top_k).to(tl.float32)
+    for it in range(0, steps):
         r = t * top_k + it // k_tiles
         k0 = (it % k_tiles) * BLOCK_K
-        expert = tl.load(ids_ptr + r).to(tl.int64)
-        weight = tl.load(weights_ptr + r).to(tl.float32)
+        r_next = t * top_k + tl.minimum(it + 1, steps - 1) // k_tiles
+        expert_next = tl.load(ids_ptr + r_next).to(tl.int64)
+        weight_next = tl.load(weights_ptr + r_next).to(tl.float32)
         a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + (k0 + offs_k)[None, :] * stride_hk
         b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
         if EVEN_K:
@@ -231,6 +240,8 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
             a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
         acc += weight * tl.dot(a, b, input_precision=DOT_PREC)
+        expert = expert_next
+        weight = weight_next
     o_ptrs = out_ptr + t.to(tl.int64) * stride_om + lane * 0 + offs_n[None, :] * stride_on
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
 
@@ -616,14 +627,20 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
     if T == 0:
         return weights, ids
     e_block = _launch._pow2ceil(E)
-    block_t = max(1, min(64, 4096 // e_block))
+    # Up to 64 tokens a call (decode), one token a one-warp program: at T = 1 and 4 (256 experts,
+    # top-8) 9.9 -> 6.0 us a call against 16-token, 4-warp tiles on an H200, where the tile's
+    # cross-warp reductions were most of the time (bench/results/h200_explore_decode2.json).
+    # Larger calls keep the tiles of up to 4,096 logits.
+    small = T <= _TOPK_ONE_ROW_MAX_T
+    block_t = 1 if small else max(1, min(64, 4096 // e_block))
+    warps = 1 if small and e_block <= 1024 else 4
     if _launch._FIRST_LAUNCH:
         _launch._ready_triton()
     with _guarded(x):
         _launch._launch_kernel(
             _topk_softmax_kernel, (triton.cdiv(T, block_t),),
             x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
-            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k), num_warps=4,
+            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k), num_warps=warps,
         )  # fmt: skip
     return weights, ids
 

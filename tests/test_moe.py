@@ -369,8 +369,10 @@ def test_moe_align_block_size_on_vllm_docstring_example():
 
 @pytest.mark.parametrize("E, k", [(8, 1), (8, 2), (60, 8), (128, 8)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_topk_softmax_matches_torch(E, k, dtype):
-    T = 37
+# A token a program up to rt._TOPK_ONE_ROW_MAX_T tokens, tiles of several above.
+@pytest.mark.parametrize("T", [37, 100])
+def test_topk_softmax_matches_torch(E, k, dtype, T):
+    assert (T <= rt._TOPK_ONE_ROW_MAX_T) == (T == 37)
     logits = torch.randn(T, E).to(dtype)
     probs = torch.softmax(logits.double(), dim=-1)
     # Largest first, the lowest expert first among equal probabilities (fp16 logits repeat).
