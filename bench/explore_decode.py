@@ -1,0 +1,1053 @@
+"""Exploration of the two decode misses (issues 15 and 16): where the time goes, and which knob moves it.
+
+Not a benchmark of record: it sweeps kernel constants and prototypes that are not (yet) in the
+specs, on the cases bench/attention.py and bench/moe.py report below their targets, and writes
+every number to $OUT/explore_decode.json (bench/results/ keeps the runs RESULTS.md cites).
+
+1. attention decode, paged cache of block size 16 in random order (as bench/attention.py):
+   d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and batch 1 at
+   32k; per-kernel GPU time (decode kernel, merge) from the profiler for the target's kernel,
+   then a sweep of decode tiles (block_n, warps, stages) x V2 partition sizes through
+   ``Attention.decode(kernel=, config=)``: GPU time against a copy of the KV bytes.
+2. fused MoE at T = 1 and 4 (qwen36 and 128 experts x 2048 x 768, top-8): per-kernel times
+   (routing, up, down) for the target's bucket, then the gemv up and down kernels each over a
+   grid of constants, alone, and a split-K prototype of the up GEMM (fp32 partials, the
+   activation applied where the down GEMM reads them).
+
+    python3 bench/explore_decode.py [--only attention|moe] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from policy_runtime import attention as A  # noqa: E402
+from policy_runtime import moe as M  # noqa: E402
+from policy_runtime.timing import gpu_ms, rel_err  # noqa: E402
+from policy_runtime.tuning import BoundKernel  # noqa: E402
+
+AP = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+AP.add_argument("--only", choices=["attention", "moe"], default=None)
+AP.add_argument("--quick", action="store_true", help="a few configs each (a smoke run of the script)")
+AP.add_argument("--hw", default="h200")
+AP.add_argument(
+    "--phase",
+    type=int,
+    default=1,
+    help="1: sweeps of the current kernels; 2: prototypes; 3: decode bodies x partition sizes",
+)
+ARGS = AP.parse_args()
+DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
+T0 = time.perf_counter()
+RES: dict = {
+    "attention3": [],
+    "attention2": [],
+    "moe2": [],
+    "attention": [],
+    "attention_profile": [],
+    "moe": [],
+    "moe_profile": [],
+    "errors": [],
+    "copy": {},
+}
+
+
+def log(*a):
+    print(f"[{time.perf_counter() - T0:7.1f}s]", *a, flush=True)
+
+
+def save():
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "explore_decode.json"), "w") as f:
+            json.dump(RES, f, indent=1)
+
+
+def copy_tbps(nbytes):
+    """(read + written) bytes / s of a device copy of nbytes (memoised)."""
+    if nbytes not in RES["copy"]:
+        src = torch.empty(nbytes // 2, dtype=torch.int16, device=DEV).random_()
+        dst = torch.empty_like(src)
+        RES["copy"][nbytes] = 2 * nbytes / (gpu_ms(lambda: dst.copy_(src)) * 1e-3) / 1e12
+    return RES["copy"][nbytes]
+
+
+def kernel_times(fn, iters=30):
+    """Mean GPU µs per call of each kernel fn launches (profiler), each call after an L2 flush."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=DEV)
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flush.zero_()
+            torch.cuda._sleep(100_000)
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.key_averages():
+        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if total and e.count >= iters and "Fill" not in e.key and "sleep" not in e.key.lower():
+            times[e.key[:60]] = round(total / iters, 2)
+    return times
+
+
+# ---------------------------------------------------------------------------------------
+# 1. attention decode
+
+ATT_CASES = [(128, 32, 8, 8, 8192), (256, 16, 4, 8, 8192), (128, 32, 8, 1, 32768), (256, 16, 4, 1, 32768)]
+
+
+def paged_case(D, H, Hkv, batch, context):
+    """A paged cache of batch x context tokens (blocks of 16 in random order), queries, an output,
+    the fp32 reference, and the time of a copy of the KV bytes (us)."""
+    per = -(-context // 16)
+    nb = batch * per
+    kc = torch.randn(nb, 16, Hkv, D, device=DEV, dtype=DT)
+    vc = torch.randn(nb, 16, Hkv, D, device=DEV, dtype=DT)
+    table = torch.randperm(nb, device=DEV).to(torch.int32).view(batch, per)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=DEV)
+    q = torch.randn(batch, H, D, device=DEV, dtype=DT)
+    out = torch.empty_like(q)
+    ref = torch.empty(batch, H, D, device=DEV)
+    for s in range(batch):
+        rows = table[s].long()
+        k = kc[rows].reshape(-1, Hkv, D)[:context].float()
+        v = vc[rows].reshape(-1, Hkv, D)[:context].float()
+        qq = q[s].float().view(Hkv, H // Hkv, D)
+        sc = torch.einsum("hgd,lhd->hgl", qq, k) * D**-0.5
+        ref[s] = torch.einsum("hgl,lhd->hgd", sc.softmax(-1), v).reshape(H, D)
+    kv_bytes = 2 * batch * context * Hkv * D * 2
+    return kc, vc, table, lens, q, out, ref, kv_bytes / (copy_tbps(kv_bytes) * 1e12) * 1e6
+
+
+def att_case(D, H, Hkv, batch, context):
+    import generated.attention as G
+
+    att = G._ATTENTION
+    kc, vc, table, lens, q, out, ref, floor_us = paged_case(D, H, Hkv, batch, context)
+    sel = att.select(DT, D, HW, torch.device(DEV))
+    base_cfg = {f: getattr(sel.config, f) for f in sel.config.__dataclass_fields__}
+    name = f"d={D} kv={Hkv} batch={batch} ctx={context}"
+
+    def run(kernel=None, ps=None):
+        cfg = SimpleNamespace(**dict(base_cfg, partition_size=ps)) if ps else None
+        return lambda: att.decode(q, kc, vc, table, lens, out=out, hw=HW, kernel=kernel, config=cfg)
+
+    cur = run()
+    prof = kernel_times(cur)
+    cur_us = gpu_ms(cur) * 1e3
+    RES["attention_profile"].append(
+        {
+            "case": name,
+            "kernels": prof,
+            "e2e_us": cur_us,
+            "floor_us": floor_us,
+            "current": sel.decode.name,
+            "partition_size": sel.config.partition_size,
+        }
+    )
+    log(
+        f"{name}: current {sel.decode.name} ps={sel.config.partition_size}: {cur_us:.1f} us "
+        f"(floor {floor_us:.1f}, {floor_us / cur_us:.2f} of copy); kernels {prof}"
+    )
+    blocks = {128: [32, 64, 128], 256: [16, 32, 64]}[D]
+    grid = list(itertools.product(blocks, [4, 8], [2, 3, 4]))
+    if ARGS.quick:
+        grid = grid[:2]
+    for bn, w, st in grid:
+        body = BoundKernel(A._decode, f"dec_{D}_{bn}_{w}_{st}", dict(BLOCK_N=bn, DOT_PREC="tf32"))
+        kern = A.DecodeKernel(kernel=body, dtype_class="16bit", block_n=bn, num_warps=w, num_stages=st)
+        for ps in [256, 512, 1024]:
+            row = {"case": name, "block_n": bn, "warps": w, "stages": st, "partition_size": ps}
+            try:
+                fn = run(kern, ps)
+                out.fill_(float("nan"))
+                fn()
+                err = rel_err(out, ref)
+                row["rel_err"] = err
+                if not err < 2e-2:
+                    row["bad"] = True
+                else:
+                    us = gpu_ms(fn) * 1e3
+                    row.update(us=us, frac_copy=floor_us / us, vs_current=cur_us / us)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            RES["attention"].append(row)
+            log(
+                f"  {name} bn={bn} w={w} st={st} ps={ps}: "
+                + (
+                    f"{row['us']:.1f} us {row['frac_copy']:.2f} of copy ({row['vs_current']:.3f}x current)"
+                    if "us" in row
+                    else str(row.get("error") or f"rel err {row.get('rel_err')}")
+                )
+            )
+        save()
+
+
+# ---------------------------------------------------------------------------------------
+# 2. MoE decode: the gemv kernels and a split-K prototype of the up GEMM
+
+
+@triton.jit
+def _up_split(
+    x_ptr,
+    w_ptr,
+    part_ptr,
+    ids_ptr,
+    N,
+    K,
+    top_k,
+    k_chunk,
+    rows,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Prototype: program (r, n, s) computes gate and up columns [n*BLOCK_N, +BLOCK_N) of flat row
+    # r over K chunk s, in fp32, into part[s, r, 0:N] (gate) and part[s, r, N:2N] (up).
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    s = tl.program_id(2)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    lane = tl.arange(0, 16)[:, None]
+    first = lane == 0
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    k_lo = s * k_chunk
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + lane * 0 + (k_lo + offs_k)[None, :]
+    g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k_lo + offs_k)[:, None]
+    u_ptrs = g_ptrs + N * stride_wn
+    acc_g = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_chunk, BLOCK_K):
+        a = tl.load(a_ptrs, mask=first, other=0.0)
+        g = tl.load(g_ptrs)
+        u = tl.load(u_ptrs)
+        acc_g = tl.dot(a, g, acc_g)
+        acc_u = tl.dot(a, u, acc_u)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    base = part_ptr + (s * rows + r).to(tl.int64) * (2 * N) + lane * 0
+    tl.store(base + offs_n[None, :], acc_g, mask=first & (offs_n < N)[None, :])
+    tl.store(base + N + offs_n[None, :], acc_u, mask=first & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _down_act(
+    part_ptr,
+    w_ptr,
+    out_ptr,
+    weights_ptr,
+    ids_ptr,
+    N,
+    K,
+    top_k,
+    rows,
+    stride_we,
+    stride_wn,
+    stride_om,
+    SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Prototype: _gemv_down whose A row is SiLU(sum_s gate_s) * (sum_s up_s), rounded to the
+    # weights' dtype, read from _up_split's fp32 partials (K here is the intermediate size).
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    lane = tl.arange(0, 16)[:, None]
+    first = lane == 0
+    k_tiles = K // BLOCK_K
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for it in range(0, top_k * k_tiles):
+        r = t * top_k + it // k_tiles
+        k0 = (it % k_tiles) * BLOCK_K
+        expert = tl.load(ids_ptr + r).to(tl.int64)
+        weight = tl.load(weights_ptr + r).to(tl.float32)
+        g = tl.zeros((16, BLOCK_K), dtype=tl.float32)
+        u = tl.zeros((16, BLOCK_K), dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            p = part_ptr + (s * rows + r).to(tl.int64) * (2 * K) + lane * 0 + (k0 + offs_k)[None, :]
+            g += tl.load(p, mask=first, other=0.0)
+            u += tl.load(p + K, mask=first, other=0.0)
+        a = (g / (1.0 + tl.exp(-g)) * u).to(w_ptr.dtype.element_ty)
+        b = tl.load(w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None])
+        acc += weight * tl.dot(a, b)
+    o_ptrs = out_ptr + t.to(tl.int64) * stride_om + lane * 0 + offs_n[None, :]
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
+
+
+MOE_SHAPES = {"qwen36": (256, 3584, 512, 8), "e128": (128, 2048, 768, 8)}
+
+
+def moe_case(shape, T):
+    import generated.moe as G
+
+    E, H, inter, k = MOE_SHAPES[shape]
+    g = torch.Generator(device=DEV).manual_seed(T)
+    x = torch.randn(T, H, device=DEV, generator=g).to(DT)
+    w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
+    w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
+    logits = torch.randn(T, E, device=DEV, generator=g)
+    weights, ids = G.topk_softmax(logits, k, True)
+    wf, idf = weights.view(-1), ids.view(-1)
+    used = idf.unique().numel()
+    wbytes = used * 3 * H * inter * 2
+    up_bytes, down_bytes = used * 2 * H * inter * 2, used * H * inter * 2
+    copy = copy_tbps(1 << 30)
+    name = f"{shape} T={T}"
+    # fp32 reference
+    ref = torch.zeros(T, H, device=DEV)
+    for j in range(T * k):
+        e = int(idf[j])
+        hh = x[j // k].float() @ w1[e].float().T
+        a = torch.nn.functional.silu(hh[:inter]) * hh[inter:]
+        ref[j // k] += wf[j] * (a.to(DT).float() @ w2[e].float().T)
+    out = torch.empty(T, H, device=DEV, dtype=DT)
+
+    def full():
+        ww, ii = G.topk_softmax(logits, k, True)
+        return G.fused_moe(x, w1, w2, ww, ii, out=out, hw=HW)
+
+    prof = kernel_times(full)
+    e2e = gpu_ms(full) * 1e3
+    bucket = G.select(T, dtype=DT, hw=HW, device=DEV)
+    RES["moe_profile"].append(
+        {
+            "case": name,
+            "kernels": prof,
+            "e2e_us": e2e,
+            "weight_bytes": wbytes,
+            "frac_copy": wbytes / (e2e * 1e-6) / (copy * 1e12),
+            "bucket": bucket.variant.name,
+        }
+    )
+    log(
+        f"{name}: current {bucket.variant.name}: {e2e:.1f} us ({wbytes / (e2e * 1e-6) / (copy * 1e12):.2f} of copy),"
+        f" floor {wbytes / (copy * 1e12) * 1e6:.1f} us; kernels {prof}"
+    )
+    numel = T * k
+    h = torch.empty(numel, inter, device=DEV, dtype=DT)
+    # h as the current kernels compute it, for the down kernels alone.
+    v0 = bucket.variant
+    v0.run(x, w1, w2, wf, idf, out, 0, E)
+    grid = list(itertools.product([16, 32, 64], [64, 128, 256], [4, 8], [4, 6]))
+    if ARGS.quick:
+        grid = grid[:2]
+    for bn, bk, w, st in grid:
+        opts = dict(num_warps=w, num_stages=st)
+        consts = dict(BLOCK_N=bn, BLOCK_K=bk, DOT_PREC="tf32")
+        row = {"case": name, "kernel": "gemv", "block_n": bn, "block_k": bk, "warps": w, "stages": st}
+        try:
+
+            def up():
+                M._gemv_up[(numel, triton.cdiv(inter, bn))](
+                    x,
+                    w1,
+                    h,
+                    idf,
+                    inter,
+                    H,
+                    k,
+                    x.stride(0),
+                    x.stride(1),
+                    *w1.stride(),
+                    *h.stride(),
+                    0,
+                    H % bk == 0,
+                    **consts,
+                    **opts,
+                )
+
+            def down():
+                M._gemv_down[(T, triton.cdiv(H, bn))](
+                    h,
+                    w2,
+                    out,
+                    wf,
+                    idf,
+                    H,
+                    inter,
+                    k,
+                    *h.stride(),
+                    *w2.stride(),
+                    *out.stride(),
+                    inter % bk == 0,
+                    **consts,
+                    **opts,
+                )
+
+            up()
+            down()
+            out.fill_(float("nan"))
+            up()
+            down()
+            row["rel_err"] = err = rel_err(out, ref)
+            if err < 2e-2:
+                row["up_us"] = gpu_ms(up) * 1e3
+                row["down_us"] = gpu_ms(down) * 1e3
+                row["up_frac"] = up_bytes / (row["up_us"] * 1e-6) / (copy * 1e12)
+                row["down_frac"] = down_bytes / (row["down_us"] * 1e-6) / (copy * 1e12)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["moe"].append(row)
+        log(
+            f"  {name} gemv bn={bn} bk={bk} w={w} st={st}: "
+            + (
+                f"up {row['up_us']:.1f} us ({row['up_frac']:.2f}), down {row['down_us']:.1f} us "
+                f"({row['down_frac']:.2f})"
+                if "up_us" in row
+                else str(row.get("error") or row.get("rel_err"))
+            )
+        )
+    save()
+    # split-K prototype of the up GEMM, the activation in the down GEMM
+    sgrid = list(itertools.product([2, 4, 7], [16, 32], [128], [4], [4, 6]))
+    if ARGS.quick:
+        sgrid = sgrid[:2]
+    for split, bn, bk, w, st in sgrid:
+        if H % (split * bk) or inter % bk:
+            continue
+        part = torch.empty(split, numel, 2 * inter, device=DEV, dtype=torch.float32)
+        opts = dict(num_warps=w, num_stages=st)
+        row = {"case": name, "kernel": "split", "split": split, "block_n": bn, "block_k": bk, "warps": w, "stages": st}
+        try:
+
+            def sup():
+                _up_split[(numel, triton.cdiv(inter, bn), split)](
+                    x,
+                    w1,
+                    part,
+                    idf,
+                    inter,
+                    H,
+                    k,
+                    H // split,
+                    numel,
+                    x.stride(0),
+                    w1.stride(0),
+                    w1.stride(1),
+                    BLOCK_N=bn,
+                    BLOCK_K=bk,
+                    **opts,
+                )
+
+            def sdown():
+                _down_act[(T, triton.cdiv(H, bn))](
+                    part,
+                    w2,
+                    out,
+                    wf,
+                    idf,
+                    H,
+                    inter,
+                    k,
+                    numel,
+                    w2.stride(0),
+                    w2.stride(1),
+                    out.stride(0),
+                    SPLIT=split,
+                    BLOCK_N=bn,
+                    BLOCK_K=bk,
+                    **opts,
+                )
+
+            def both():
+                sup()
+                sdown()
+
+            both()
+            out.fill_(float("nan"))
+            both()
+            row["rel_err"] = err = rel_err(out, ref)
+            if err < 2e-2:
+                row["up_us"] = gpu_ms(sup) * 1e3
+                row["down_us"] = gpu_ms(sdown) * 1e3
+                row["both_us"] = gpu_ms(both) * 1e3
+                row["up_frac"] = up_bytes / (row["up_us"] * 1e-6) / (copy * 1e12)
+                row["both_frac"] = (up_bytes + down_bytes) / (row["both_us"] * 1e-6) / (copy * 1e12)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["moe"].append(row)
+        log(
+            f"  {name} split={split} bn={bn} bk={bk} st={st}: "
+            + (
+                f"up {row['up_us']:.1f} ({row['up_frac']:.2f}) down {row['down_us']:.1f} both {row['both_us']:.1f} "
+                f"({row['both_frac']:.2f})"
+                if "up_us" in row
+                else str(row.get("error") or row.get("rel_err"))
+            )
+        )
+    save()
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 2: prototypes.  Decode with the block table read one tile ahead; a merge over every
+# partition at once, split over head_dim; MoE's down GEMM with expert ids and weights read one
+# step ahead; topk_softmax's tile and warps.
+
+
+@triton.jit
+def _decode_pf(
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    bt_ptr,
+    sl_ptr,
+    o_ptr,
+    part_o,
+    part_m,
+    part_l,
+    sm_scale,
+    group,
+    bt_stride,
+    v1_limit,
+    torch_limit,
+    partition_size,
+    max_parts,
+    sqs,
+    sqh,
+    skb,
+    skt,
+    skh,
+    svb,
+    svt,
+    svh,
+    sos,
+    soh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    Q_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    seq_len = tl.load(sl_ptr + seq)
+    is_v2 = seq_len > v1_limit
+    start = tl.where(is_v2, part * partition_size, 0)
+    end = tl.where(is_v2, tl.minimum(part * partition_size + partition_size, seq_len), seq_len)
+    skip = (seq_len > torch_limit) | ((seq_len <= v1_limit) & (part > 0)) | (is_v2 & (start >= seq_len))
+    if skip:
+        return
+    offs_g = tl.arange(0, Q_ROWS)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_group = offs_g < group
+    heads = kv_head * group + offs_g
+    seq64 = seq.to(tl.int64)
+    q = tl.load(q_ptr + seq64 * sqs + heads[:, None] * sqh + offs_d[None, :], mask=in_group[:, None], other=0.0)
+    bt_row = bt_ptr + seq64 * bt_stride
+    k_head = kc_ptr + kv_head * skh
+    v_head = vc_ptr + kv_head * svh
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([Q_ROWS], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([Q_ROWS], dtype=tl.float32)
+    acc = tl.zeros([Q_ROWS, HEAD_DIM], dtype=tl.float32)
+    toks = start + offs_n
+    block = tl.load(bt_row + toks // BLOCK_SIZE, mask=toks < end, other=0).to(tl.int64)
+    for tok0 in range(start, end, BLOCK_N):
+        toks = tok0 + offs_n
+        live = toks < end
+        nxt = toks + BLOCK_N
+        block_next = tl.load(bt_row + nxt // BLOCK_SIZE, mask=nxt < end, other=0).to(tl.int64)
+        slot = toks % BLOCK_SIZE
+        k = tl.load(
+            k_head + block[:, None] * skb + slot[:, None] * skt + offs_d[None, :], mask=live[:, None], other=0.0
+        )
+        v = tl.load(
+            v_head + block[:, None] * svb + slot[:, None] * svt + offs_d[None, :], mask=live[:, None], other=0.0
+        )
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        s = tl.where(live[None, :], s, float("-inf"))
+        acc, m_i, l_i = A._online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
+        block = block_next
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if seq_len <= v1_limit:
+        tl.store(
+            o_ptr + seq64 * sos + heads[:, None] * soh + offs_d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=in_group[:, None],
+        )
+    else:
+        idx = (seq64 * (group * tl.num_programs(1)) + heads) * max_parts + part
+        tl.store(part_o + idx[:, None] * HEAD_DIM + offs_d[None, :], out, mask=in_group[:, None])
+        tl.store(part_m + idx, m_i, mask=in_group)
+        tl.store(part_l + idx, l_i, mask=in_group)
+
+
+@triton.jit(do_not_specialize=["v1_limit", "torch_limit", "partition_size", "max_parts"])
+def _merge_par(
+    o_ptr,
+    part_o,
+    part_m,
+    part_l,
+    sl_ptr,
+    v1_limit,
+    torch_limit,
+    partition_size,
+    max_parts,
+    sos,
+    soh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # grid = (sequences, heads, HEAD_DIM // BLOCK_D); BLOCK_P partitions a step.
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    seq_len = tl.load(sl_ptr + seq)
+    if (seq_len <= v1_limit) | (seq_len > torch_limit):
+        return
+    n_parts = tl.cdiv(seq_len, partition_size)
+    base = (seq.to(tl.int64) * tl.num_programs(1) + head) * max_parts
+    offs_p = tl.arange(0, BLOCK_P)
+    m_run = tl.full([BLOCK_P], -1.0e30, dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        p = p0 + offs_p
+        m_run = tl.maximum(m_run, tl.load(part_m + base + p, mask=p < n_parts, other=-1.0e30))
+    m_all = tl.max(m_run, 0)
+    w_sum = tl.zeros([BLOCK_P], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        p = p0 + offs_p
+        live = p < n_parts
+        w = tl.load(part_l + base + p, mask=live, other=0.0) * tl.math.exp2(
+            tl.load(part_m + base + p, mask=live, other=-1.0e30) - m_all
+        )
+        o = tl.load(part_o + (base + p)[:, None] * HEAD_DIM + offs_d[None, :], mask=live[:, None], other=0.0)
+        acc += o * w[:, None]
+        w_sum += w
+    out = tl.sum(acc, 0) / tl.sum(w_sum, 0)
+    tl.store(o_ptr + seq.to(tl.int64) * sos + head * soh + offs_d, out.to(o_ptr.dtype.element_ty))
+
+
+def att_case2(D, H, Hkv, batch, context):
+    kc, vc, table, lens, q, out, ref, floor_us = paged_case(D, H, Hkv, batch, context)
+    nb = table.numel()
+    ident = torch.arange(nb, device=DEV).to(torch.int32).view(table.shape)
+    name = f"d={D} kv={Hkv} batch={batch} ctx={context}"
+    group = H // Hkv
+    q_rows = max(16, triton.next_power_of_2(group))
+    configs = {
+        128: [(64, 4, 3), (64, 4, 2), (32, 4, 3), (64, 4, 4), (128, 4, 2)],
+        256: [(32, 4, 2), (32, 4, 3), (64, 8, 2), (64, 8, 3), (64, 4, 2)],
+    }[D]
+    if ARGS.quick:
+        configs = configs[:1]
+    for (bn, w, st), ps, body, merge, tab in itertools.product(
+        configs, [512, 1024], ["cur", "pf"], ["cur", "par"], ["rand", "ident"]
+    ):
+        if tab == "ident" and (merge == "cur" or body == "cur"):
+            continue
+        parts = triton.cdiv(context, ps)
+        part_o = torch.empty((batch, H, parts, D), dtype=torch.float32, device=DEV)
+        part_ml = torch.empty((2, batch, H, parts), dtype=torch.float32, device=DEV)
+        kern = A._decode if body == "cur" else _decode_pf
+        bt = table if tab == "rand" else ident
+        bp = min(128, triton.next_power_of_2(parts))
+        bd = 64 if D >= 64 else D
+
+        def run():
+            kern[(batch, Hkv, parts)](
+                q,
+                kc,
+                vc,
+                bt,
+                lens,
+                out,
+                part_o,
+                part_ml[0],
+                part_ml[1],
+                D**-0.5,
+                group,
+                bt.stride(0),
+                0,
+                1 << 30,
+                ps,
+                parts,
+                q.stride(0),
+                q.stride(1),
+                *kc.stride()[:3],
+                *vc.stride()[:3],
+                out.stride(0),
+                out.stride(1),
+                D,
+                16,
+                q_rows,
+                BLOCK_N=bn,
+                DOT_PREC="tf32",
+                num_warps=w,
+                num_stages=st,
+            )
+            if merge == "cur":
+                A._merge[(batch, H)](
+                    out,
+                    part_o,
+                    part_ml[0],
+                    part_ml[1],
+                    lens,
+                    0,
+                    1 << 30,
+                    ps,
+                    parts,
+                    out.stride(0),
+                    out.stride(1),
+                    D,
+                    16,
+                    num_warps=4,
+                )
+            else:
+                _merge_par[(batch, H, D // bd)](
+                    out,
+                    part_o,
+                    part_ml[0],
+                    part_ml[1],
+                    lens,
+                    0,
+                    1 << 30,
+                    ps,
+                    parts,
+                    out.stride(0),
+                    out.stride(1),
+                    D,
+                    bp,
+                    bd,
+                    num_warps=4,
+                )
+
+        row = {
+            "case": name,
+            "block_n": bn,
+            "warps": w,
+            "stages": st,
+            "partition_size": ps,
+            "body": body,
+            "merge": merge,
+            "table": tab,
+        }
+        try:
+            out.fill_(float("nan"))
+            run()
+            if tab == "rand":
+                row["rel_err"] = err = rel_err(out, ref)
+                ok = err < 2e-2
+            else:
+                ok = bool(torch.isfinite(out).all())
+            if ok:
+                us = gpu_ms(run) * 1e3
+                row.update(us=us, frac_copy=floor_us / us, floor_us=floor_us)
+                if merge == "par" and tab == "rand":
+                    row["kernels"] = kernel_times(run)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["attention2"].append(row)
+        log(
+            f"  {name} {body}/{merge}/{tab} bn={bn} w={w} st={st} ps={ps}: "
+            + (
+                f"{row['us']:.1f} us {row['frac_copy']:.2f} of copy ({row['us'] / floor_us:.2f}x floor)"
+                f" {row.get('kernels', '')}"
+                if "us" in row
+                else str(row.get("error") or row.get("rel_err"))
+            )
+        )
+    save()
+
+
+def moe_case2(shape, T):
+    import generated.moe as G
+
+    E, H, inter, k = MOE_SHAPES[shape]
+    g = torch.Generator(device=DEV).manual_seed(T)
+    x = torch.randn(T, H, device=DEV, generator=g).to(DT)
+    w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
+    w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
+    logits = torch.randn(T, E, device=DEV, generator=g)
+    weights, ids = G.topk_softmax(logits, k, True)
+    wf, idf = weights.view(-1), ids.view(-1)
+    used = idf.unique().numel()
+    down_bytes = used * H * inter * 2
+    copy = copy_tbps(1 << 30)
+    name = f"{shape} T={T}"
+    numel = T * k
+    h = torch.empty(numel, inter, device=DEV, dtype=DT)
+    out = torch.empty(T, H, device=DEV, dtype=DT)
+    bucket = G.select(T, dtype=DT, hw=HW, device=DEV)
+    bucket.variant.run(x, w1, w2, wf, idf, out, 0, E)
+    ref = out.float().clone()
+    # "down_cur" / "down_pf" rows of h200_explore_decode2.json: the down kernel before and after it read the
+    # expert ids a step ahead (the "pf" prototype, since then policy_runtime.moe._gemv_down); measured now: the latter.
+    for bn, bk, w, st, body in itertools.product([16, 32, 64], [128, 256], [4], [3, 4, 6], ["pf"]):
+        if ARGS.quick and bn != 32:
+            continue
+        opts = dict(num_warps=w, num_stages=st)
+        row = {"case": name, "kernel": "down_" + body, "block_n": bn, "block_k": bk, "warps": w, "stages": st}
+
+        def down():
+            M._gemv_down[(T, triton.cdiv(H, bn))](
+                h,
+                w2,
+                out,
+                wf,
+                idf,
+                H,
+                inter,
+                k,
+                *h.stride(),
+                *w2.stride(),
+                *out.stride(),
+                True,
+                BLOCK_N=bn,
+                BLOCK_K=bk,
+                DOT_PREC="tf32",
+                **opts,
+            )
+
+        try:
+            if inter % bk:
+                continue
+            # h from the bucket's own up kernel
+            bucket.variant.run(x, w1, w2, wf, idf, out, 0, E)
+            M._gemv_up[(numel, triton.cdiv(inter, 32))](
+                x,
+                w1,
+                h,
+                idf,
+                inter,
+                H,
+                k,
+                x.stride(0),
+                x.stride(1),
+                *w1.stride(),
+                *h.stride(),
+                0,
+                H % 128 == 0,
+                BLOCK_N=32,
+                BLOCK_K=128,
+                DOT_PREC="tf32",
+                num_warps=4,
+                num_stages=4,
+            )
+            out.fill_(float("nan"))
+            down()
+            row["rel_err"] = err = rel_err(out, ref)
+            if err < 2e-2:
+                row["down_us"] = gpu_ms(down) * 1e3
+                row["down_frac"] = down_bytes / (row["down_us"] * 1e-6) / (copy * 1e12)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["moe2"].append(row)
+        log(
+            f"  {name} down {body} bn={bn} bk={bk} st={st}: "
+            + (
+                f"{row['down_us']:.1f} us ({row['down_frac']:.2f})"
+                if "down_us" in row
+                else str(row.get("error") or row.get("rel_err"))
+            )
+        )
+    # topk_softmax: tile rows and warps
+    wref, iref = G.topk_softmax(logits, k, True)
+    e_block = triton.next_power_of_2(E)
+    for bt_rows, w in itertools.product([1, 2, 4, 16], [1, 2, 4]):
+        if ARGS.quick and w != 1:
+            continue
+        ww = torch.empty(T, k, device=DEV)
+        ii = torch.empty(T, k, dtype=torch.int32, device=DEV)
+
+        def topk():
+            M._topk_softmax_kernel[(triton.cdiv(T, bt_rows),)](
+                logits,
+                ww,
+                ii,
+                T,
+                E,
+                k,
+                logits.stride(0),
+                logits.stride(1),
+                RENORMALIZE=True,
+                BLOCK_T=bt_rows,
+                E_BLOCK=e_block,
+                K_BLOCK=triton.next_power_of_2(k),
+                num_warps=w,
+            )
+
+        row = {"case": name, "kernel": "topk", "block_t": bt_rows, "warps": w}
+        try:
+            topk()
+            row["same"] = bool(torch.equal(ii, iref) and torch.allclose(ww, wref))
+            row["us"] = gpu_ms(topk) * 1e3
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["moe2"].append(row)
+        log(f"  {name} topk rows={bt_rows} w={w}: {row.get('us', row.get('error'))} same={row.get('same')}")
+    save()
+
+
+def att_case3(D, H, Hkv, batch, context):
+    """Phase 3: the decode bodies (current, block ids a tile ahead) x tiles x V2 partition sizes,
+    with the current merge, every sequence V2."""
+    kc, vc, table, lens, q, out, ref, floor_us = paged_case(D, H, Hkv, batch, context)
+    name = f"d={D} kv={Hkv} batch={batch} ctx={context}"
+    group = H // Hkv
+    configs = {
+        128: [
+            ("cur", 64, 4, 3),
+            ("cur", 64, 4, 2),
+            ("pf", 32, 4, 3),
+            ("pf", 32, 4, 4),
+            ("pf", 64, 4, 2),
+            ("pf", 64, 4, 3),
+        ],
+        256: [
+            ("cur", 32, 4, 2),
+            ("cur", 32, 4, 3),
+            ("pf", 32, 4, 3),
+            ("pf", 32, 4, 4),
+            ("pf", 16, 4, 4),
+            ("pf", 64, 8, 2),
+        ],
+    }[D]
+    for (body, bn, w, st), ps in itertools.product(configs, [256, 512, 1024, 2048]):
+        parts = triton.cdiv(context, ps)
+        part_o = torch.empty((batch, H, parts, D), dtype=torch.float32, device=DEV)
+        part_ml = torch.empty((2, batch, H, parts), dtype=torch.float32, device=DEV)
+        kern = A._decode if body == "cur" else _decode_pf
+        bd = min(D, A._MERGE_BLOCK_D)
+
+        def run():
+            kern[(batch, Hkv, parts)](
+                q,
+                kc,
+                vc,
+                table,
+                lens,
+                out,
+                part_o,
+                part_ml[0],
+                part_ml[1],
+                D**-0.5,
+                group,
+                table.stride(0),
+                0,
+                1 << 30,
+                ps,
+                parts,
+                q.stride(0),
+                q.stride(1),
+                *kc.stride()[:3],
+                *vc.stride()[:3],
+                out.stride(0),
+                out.stride(1),
+                D,
+                16,
+                16,
+                BLOCK_N=bn,
+                DOT_PREC="tf32",
+                num_warps=w,
+                num_stages=st,
+            )
+            A._merge[(batch, H, D // bd)](
+                out,
+                part_o,
+                part_ml[0],
+                part_ml[1],
+                lens,
+                0,
+                1 << 30,
+                ps,
+                parts,
+                out.stride(0),
+                out.stride(1),
+                D,
+                A._MERGE_BLOCK_P,
+                bd,
+                num_warps=4,
+            )
+
+        row = {
+            "case": name,
+            "batch": batch,
+            "context": context,
+            "head_dim": D,
+            "body": body,
+            "block_n": bn,
+            "warps": w,
+            "stages": st,
+            "partition_size": ps,
+            "programs": batch * Hkv * parts,
+        }
+        try:
+            out.fill_(float("nan"))
+            run()
+            row["rel_err"] = err = rel_err(out, ref)
+            if err < 2e-2:
+                us = gpu_ms(run) * 1e3
+                row.update(us=us, frac_copy=floor_us / us, floor_us=floor_us)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["attention3"].append(row)
+        log(
+            f"  {name} {body} bn={bn} w={w} st={st} ps={ps}: "
+            + (
+                f"{row['us']:.1f} us {row['frac_copy']:.2f} of copy ({row['us'] / floor_us:.2f}x floor)"
+                if "us" in row
+                else str(row.get("error") or row.get("rel_err"))
+            )
+        )
+    save()
+
+
+def main():
+    RES["meta"] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    jobs = []
+    att, moe = {1: (att_case, moe_case), 2: (att_case2, moe_case2), 3: (att_case3, None)}[ARGS.phase]
+    cases = ATT_CASES
+    if ARGS.phase == 3:
+        cases = [
+            (D, H, Hkv, b, c)
+            for D, H, Hkv in ((128, 32, 8), (256, 16, 4))
+            for b, c in ((1, 8192), (1, 32768), (8, 8192), (8, 32768))
+        ]
+    if ARGS.only in (None, "attention"):
+        jobs += [(att, c) for c in cases]
+    if moe is not None and ARGS.only in (None, "moe"):
+        jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in (1, 4)]
+    for fn, args in jobs:
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001
+            RES["errors"].append({"job": f"{fn.__name__}{args}", "error": traceback.format_exc()[-2000:]})
+            log(f"ERROR {fn.__name__}{args}: {type(e).__name__}: {e}")
+        torch.cuda.empty_cache()
+        save()
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
