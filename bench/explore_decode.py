@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 from policy_runtime import attention as A  # noqa: E402
 from policy_runtime import moe as M  # noqa: E402
@@ -53,6 +54,7 @@ ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 T0 = time.perf_counter()
 RES: dict = {
+    "pdl": [],
     "attention3": [],
     "attention2": [],
     "moe2": [],
@@ -1018,6 +1020,209 @@ def att_case3(D, H, Hkv, batch, context):
     save()
 
 
+# ---------------------------------------------------------------------------------------
+# Phase 4: programmatic dependent launch (PDL).  Each dependent kernel (the merge after decode;
+# MoE's up GEMM after routing, its down GEMM after the up) is launched with launch_pdl=True and
+# waits (griddepcontrol.wait) before it reads its producer's output, so that its launch overlaps
+# the producer's tail; with TRIG the producer also lets its dependants launch as it starts.
+
+
+@triton.jit
+def _decode_trig(q, kc, vc, bt, sl, o, part_o, part_m, part_l, sm_scale, group, bt_stride, v1_limit, torch_limit,
+                 partition_size, max_parts, sqs, sqh, skb, skt, skh, svb, svt, svh, sos, soh,
+                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DOT_PREC: tl.constexpr, TRIG: tl.constexpr):  # fmt: skip
+    if TRIG:
+        gdc_launch_dependents()
+    A._decode(q, kc, vc, bt, sl, o, part_o, part_m, part_l, sm_scale, group, bt_stride, v1_limit, torch_limit,
+              partition_size, max_parts, sqs, sqh, skb, skt, skh, svb, svt, svh, sos, soh, HEAD_DIM, BLOCK_SIZE,
+              Q_ROWS, BLOCK_N, DOT_PREC)  # fmt: skip
+
+
+@triton.jit
+def _merge_wait(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partition_size, max_parts, sos, soh,
+                HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    gdc_wait()
+    A._merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partition_size, max_parts, sos, soh,
+             HEAD_DIM, BLOCK_P, BLOCK_D)  # fmt: skip
+
+
+@triton.jit
+def _topk_trig(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, RENORMALIZE: tl.constexpr,
+               BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, TRIG: tl.constexpr):  # fmt: skip
+    if TRIG:
+        gdc_launch_dependents()
+    M._topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, RENORMALIZE, BLOCK_T,
+                           E_BLOCK, K_BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _up_wait(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
+             stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, TRIG: tl.constexpr):  # fmt: skip
+    gdc_wait()
+    if TRIG:
+        gdc_launch_dependents()
+    M._gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
+               stride_hm, stride_hn, ACT, EVEN_K, BLOCK_N, BLOCK_K, DOT_PREC)  # fmt: skip
+
+
+@triton.jit
+def _down_wait(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk, stride_we, stride_wn,
+               stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               DOT_PREC: tl.constexpr):  # fmt: skip
+    gdc_wait()
+    M._gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk, stride_we,
+                 stride_wn, stride_wk, stride_om, stride_on, EVEN_K, BLOCK_N, BLOCK_K, DOT_PREC)  # fmt: skip
+
+
+def att_case4(D, H, Hkv, batch, context):
+    kc, vc, table, lens, q, out, ref, floor_us = paged_case(D, H, Hkv, batch, context)
+    name = f"d={D} kv={Hkv} batch={batch} ctx={context}"
+    bn, st = (64, 3) if D == 128 else (32, 2)  # the h200 records
+    ps = 512
+    parts = triton.cdiv(context, ps)
+    part_o = torch.empty((batch, H, parts, D), dtype=torch.float32, device=DEV)
+    part_ml = torch.empty((2, batch, H, parts), dtype=torch.float32, device=DEV)
+    bd = min(D, A._MERGE_BLOCK_D)
+    args = (
+        q,
+        kc,
+        vc,
+        table,
+        lens,
+        out,
+        part_o,
+        part_ml[0],
+        part_ml[1],
+        D**-0.5,
+        H // Hkv,
+        table.stride(0),
+        0,
+        1 << 30,
+        ps,
+        parts,
+        q.stride(0),
+        q.stride(1),
+        *kc.stride()[:3],
+        *vc.stride()[:3],
+        out.stride(0),
+        out.stride(1),
+        D,
+        16,
+        16,
+    )
+    margs = (
+        out,
+        part_o,
+        part_ml[0],
+        part_ml[1],
+        lens,
+        0,
+        1 << 30,
+        ps,
+        parts,
+        out.stride(0),
+        out.stride(1),
+        D,
+        A._MERGE_BLOCK_P,
+        bd,
+    )
+
+    def variant(mode):
+        def run():
+            if mode == "base":
+                A._decode[(batch, Hkv, parts)](*args, BLOCK_N=bn, DOT_PREC="tf32", num_warps=4, num_stages=st)
+                A._merge[(batch, H, D // bd)](*margs, num_warps=4)
+            else:
+                _decode_trig[(batch, Hkv, parts)](*args, BLOCK_N=bn, DOT_PREC="tf32", TRIG=mode == "pdl_trig",
+                                                  num_warps=4, num_stages=st)  # fmt: skip
+                _merge_wait[(batch, H, D // bd)](*margs, num_warps=4, launch_pdl=True)
+
+        return run
+
+    for mode in ("base", "pdl", "pdl_trig", "base"):
+        row = {"case": name, "mode": mode}
+        try:
+            fn = variant(mode)
+            out.fill_(float("nan"))
+            fn()
+            row["rel_err"] = err = rel_err(out, ref)
+            if err < 2e-2:
+                us = gpu_ms(fn) * 1e3
+                row.update(us=us, x_floor=us / floor_us)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["pdl"].append(row)
+        log(f"  {name} {mode}: " + (f"{row['us']:.1f} us ({row['x_floor']:.3f}x floor)" if "us" in row
+                                     else str(row.get("error") or row.get("rel_err"))))  # fmt: skip
+    save()
+
+
+def moe_case4(shape, T):
+    import generated.moe as G
+
+    E, H, inter, k = MOE_SHAPES[shape]
+    g = torch.Generator(device=DEV).manual_seed(T)
+    x = torch.randn(T, H, device=DEV, generator=g).to(DT)
+    w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
+    w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
+    logits = torch.randn(T, E, device=DEV, generator=g)
+    out = torch.empty(T, H, device=DEV, dtype=DT)
+    v = G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    ww, ii = G.topk_softmax(logits, k, True)
+    G.fused_moe(x, w1, w2, ww, ii, out=out, hw=HW)
+    ref = out.float().clone()
+    wbytes = ii.unique().numel() * 3 * H * inter * 2
+    copy = copy_tbps(1 << 30)
+    name = f"{shape} T={T}"
+    numel = T * k
+    h = torch.empty(numel, inter, device=DEV, dtype=DT)
+    wf = torch.empty(numel, device=DEV)
+    idf = torch.empty(numel, dtype=torch.int32, device=DEV)
+    e_block = triton.next_power_of_2(E)
+    opts = dict(num_warps=v.num_warps, num_stages=v.num_stages)
+    consts = dict(BLOCK_N=v.block_n, BLOCK_K=v.block_k, DOT_PREC="tf32")
+
+    def variant(mode):
+        pdl = mode != "base"
+        trig = mode == "pdl_trig"
+
+        def run():
+            if pdl:
+                _topk_trig[(T,)](logits, wf, idf, T, E, k, logits.stride(0), logits.stride(1), RENORMALIZE=True,
+                                 BLOCK_T=1, E_BLOCK=e_block, K_BLOCK=triton.next_power_of_2(k), TRIG=trig,
+                                 num_warps=1)  # fmt: skip
+                _up_wait[(numel, triton.cdiv(inter, v.block_n))](
+                    x, w1, h, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(), 0,
+                    H % v.block_k == 0, TRIG=trig, launch_pdl=True, **consts, **opts)  # fmt: skip
+                _down_wait[(T, triton.cdiv(H, v.block_n))](
+                    h, w2, out, wf, idf, H, inter, k, *h.stride(), *w2.stride(), *out.stride(), inter % v.block_k == 0,
+                    launch_pdl=True, **consts, **opts)  # fmt: skip
+            else:
+                a, b = G.topk_softmax(logits, k, True)
+                G.fused_moe(x, w1, w2, a, b, out=out, hw=HW)
+
+        return run
+
+    for mode in ("base", "pdl", "pdl_trig", "base"):
+        row = {"case": name, "mode": mode, "kernels": v.name}
+        try:
+            fn = variant(mode)
+            out.fill_(float("nan"))
+            fn()
+            row["rel_err"] = err = rel_err(out, ref)
+            if err < 2e-2:
+                us = gpu_ms(fn) * 1e3
+                row.update(us=us, frac_copy=wbytes / (us * 1e-6) / (copy * 1e12))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["pdl"].append(row)
+        log(f"  {name} {mode}: " + (f"{row['us']:.1f} us ({row['frac_copy']:.3f} of copy)" if "us" in row
+                                     else str(row.get("error") or row.get("rel_err"))))  # fmt: skip
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -1026,7 +1231,9 @@ def main():
         "date": time.strftime("%Y-%m-%d"),
     }
     jobs = []
-    att, moe = {1: (att_case, moe_case), 2: (att_case2, moe_case2), 3: (att_case3, None)}[ARGS.phase]
+    att, moe = {1: (att_case, moe_case), 2: (att_case2, moe_case2), 3: (att_case3, None), 4: (att_case4, moe_case4)}[
+        ARGS.phase
+    ]
     cases = ATT_CASES
     if ARGS.phase == 3:
         cases = [
