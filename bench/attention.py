@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import math
 import os
 import platform
@@ -70,11 +69,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
+from bench.runlog import RunLog  # noqa: E402
 from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import attention as at  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 
-T0 = time.perf_counter()
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 HW = ARGS.hw
@@ -96,6 +95,8 @@ RES: dict = {
     "errors": [],
 }
 _COPY: dict = {}
+RUN = RunLog("attention", RES, smoke=SMOKE, json_arg=ARGS.json)
+elapsed, log, sync, release, write_json = RUN.elapsed, RUN.log, RUN.sync, RUN.release, RUN.write
 
 if SMOKE:
     PREFILL_SEQS, PREFILL_TOKENS = [24, 70], 24
@@ -108,43 +109,6 @@ else:
 BLOCK_SIZE = 16
 # Ragged batches: each sequence's length as a fraction of the phase's sequence length.
 RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
-
-
-def elapsed():
-    return time.perf_counter() - T0
-
-
-def log(*a):
-    print(f"[{elapsed():6.1f}s]", *a, flush=True)
-
-
-def sync():
-    if not SMOKE:
-        torch.cuda.synchronize()
-
-
-def release():
-    if not SMOKE:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-def json_path():
-    if ARGS.json:
-        return ARGS.json
-    out = os.environ.get("OUT")
-    return os.path.join(out, "attention.json") if out else None
-
-
-def write_json():
-    p = json_path()
-    if not p:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-    RES["meta"]["elapsed_s"] = round(elapsed(), 1)
-    with open(p + ".tmp", "w") as f:
-        json.dump(RES, f, indent=1, default=str)
-    os.replace(p + ".tmp", p)
 
 
 def record_error(where, e):

@@ -4,24 +4,31 @@ Not a benchmark of record: it sweeps kernel constants and prototypes that are no
 specs, on the cases bench/attention.py and bench/moe.py report below their targets, and writes
 every number to $OUT/explore_decode.json (bench/results/ keeps the runs RESULTS.md cites).
 
-1. attention decode, paged cache of block size 16 in random order (as bench/attention.py):
-   d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and batch 1 at
-   32k; per-kernel GPU time (decode kernel, merge) from the profiler for the target's kernel,
-   then a sweep of decode tiles (block_n, warps, stages) x V2 partition sizes through
-   ``Attention.decode(kernel=, config=)``: GPU time against a copy of the KV bytes.
-2. fused MoE at T = 1 and 4 (qwen36 and 128 experts x 2048 x 768, top-8): per-kernel times
-   (routing, up, down) for the target's bucket, then the gemv up and down kernels each over a
-   grid of constants, alone, and a split-K prototype of the up GEMM (fp32 partials, the
-   activation applied where the down GEMM reads them).
+Cases: attention decode on a paged cache of block size 16 in random order (as bench/attention.py),
+d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and batch 1 at 32k (phase
+3 adds batch 1 at 8k and batch 8 at 32k); fused MoE at T = 1 and 4 (qwen36, and 128 experts x 2048 x
+768), top-8.  Times are GPU times against a copy of the same bytes.
 
-    python3 bench/explore_decode.py [--only attention|moe] [--quick]
+--phase 1  per-kernel times from the profiler (decode kernel and merge; routing, up and down GEMMs)
+           for the target's records; decode tiles (block_n, warps, stages) x V2 partition sizes
+           through ``Attention.decode(kernel=, config=)``; the gemv up and down kernels over a grid of
+           constants, each alone; a split-K prototype of the up GEMM (fp32 partials, the activation
+           applied where the down GEMM reads them).
+--phase 2  prototypes: decode with the block ids read a tile ahead, the merge over 64 partitions in
+           head_dim slices (since adopted), against an identity block table too; the gemv down kernel
+           over a grid of constants; topk_softmax's tile rows and warps.
+--phase 3  the two decode bodies x tiles x partition sizes (256-2048 tokens), every sequence V2.
+--phase 4  programmatic dependent launch: the merge, and MoE's up and down GEMMs, launched with
+           launch_pdl=True and waiting on the device for their producers (with and without the
+           producers releasing them as they start).
+
+    python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 import time
@@ -37,6 +44,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: 
 
 from policy_runtime import attention as A  # noqa: E402
 from policy_runtime import moe as M  # noqa: E402
+from bench.runlog import RunLog  # noqa: E402
 from policy_runtime.timing import gpu_ms, rel_err  # noqa: E402
 from policy_runtime.tuning import BoundKernel  # noqa: E402
 
@@ -48,11 +56,10 @@ AP.add_argument(
     "--phase",
     type=int,
     default=1,
-    help="1: sweeps of the current kernels; 2: prototypes; 3: decode bodies x partition sizes",
+    help="1: sweeps of the current kernels; 2: prototypes; 3: decode bodies x partition sizes; 4: dependent launch",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
-T0 = time.perf_counter()
 RES: dict = {
     "pdl": [],
     "attention3": [],
@@ -65,17 +72,8 @@ RES: dict = {
     "errors": [],
     "copy": {},
 }
-
-
-def log(*a):
-    print(f"[{time.perf_counter() - T0:7.1f}s]", *a, flush=True)
-
-
-def save():
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "explore_decode.json"), "w") as f:
-            json.dump(RES, f, indent=1)
+RUN = RunLog("explore_decode", RES, smoke=False)
+log, save = RUN.log, RUN.write
 
 
 def copy_tbps(nbytes):

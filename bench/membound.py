@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -67,11 +66,11 @@ import generated.cache as C  # noqa: E402
 import generated.dispatch as D  # noqa: E402
 import generated.transform as T  # noqa: E402
 from bench import reference_ops as R  # noqa: E402
+from bench.runlog import RunLog  # noqa: E402
 from bench.timing import cpu_ms, gpu_ms  # noqa: E402
 from policy_runtime import cache as cache_runtime  # noqa: E402
 from policy_runtime import transform as transform_runtime  # noqa: E402
 
-T0 = time.perf_counter()
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 HW = ARGS.hw
@@ -79,6 +78,8 @@ EPS = 1e-6
 DO_COMPILE = not ARGS.no_compile and (not SMOKE or ARGS.smoke_compile)
 KERNELS = ("rms_norm", "silu_and_mul", "rotary_embedding", "reshape_and_cache", "copy_blocks")
 RES = {"meta": {}, "correctness": [], "copy": {}, "cases": {}, "skipped": [], "errors": []}
+RUN = RunLog("membound", RES, smoke=SMOKE, json_arg=ARGS.json)
+elapsed, log, sync, release, write_json = RUN.elapsed, RUN.log, RUN.sync, RUN.release, RUN.write
 _COPY_SAME: dict = {}
 _COMPILES = [0]
 COMPILE_ROUNDS = 5
@@ -105,48 +106,8 @@ def pattern_copy_fn(tokens, heads, head_size, rot):
     return lambda: _pattern_copy_kernel[grid](src, dst, heads, head_size, rot, 16, num_warps=2)
 
 
-def elapsed():
-    return time.perf_counter() - T0
-
-
 def left():
     return ARGS.budget_s - elapsed()
-
-
-def log(*a):
-    print(f"[{elapsed():6.1f}s]", *a, flush=True)
-
-
-def sync():
-    if not SMOKE:
-        torch.cuda.synchronize()
-
-
-def release():
-    if not SMOKE:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-def json_path():
-    if ARGS.json:
-        return ARGS.json
-    out = os.environ.get("OUT")
-    return os.path.join(out, "membound.json") if out else None
-
-
-def write_json():
-    p = json_path()
-    if not p:
-        return
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-        RES["meta"]["elapsed_s"] = round(elapsed(), 1)
-        with open(p + ".tmp", "w") as f:
-            json.dump(RES, f, indent=1, default=str)
-        os.replace(p + ".tmp", p)
-    except Exception as e:  # noqa: BLE001
-        print("could not write JSON:", e)
 
 
 def record_error(where, e):
@@ -747,7 +708,7 @@ def print_table(cases):
         print(f"errors: {len(RES['errors'])}: " + "; ".join(e["where"] for e in RES["errors"]))
     if RES["skipped"]:
         print("skipped: " + "; ".join(RES["skipped"]))
-    print(f"total {elapsed():.0f} s" + (f"; JSON: {json_path()}" if json_path() else ""))
+    print(f"total {elapsed():.0f} s" + (f"; JSON: {RUN.path()}" if RUN.path() else ""))
 
 
 def main():

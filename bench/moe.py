@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
-import time
 import tomllib
 import traceback
 from pathlib import Path
@@ -63,48 +61,23 @@ if SMOKE:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from bench.runlog import RunLog  # noqa: E402
 from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import moe as M  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 
-T0 = time.perf_counter()
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 TOKENS = [1, 16, 40, 600] if SMOKE else [1, 4, 16, 64, 256, 1024, 4096, 16384]
 PREFILL = 16 if SMOKE else 4096  # T from which the cuBLAS comparison runs
 TOL = 2e-2
 RES: dict = {"meta": {}, "copy": {}, "shapes": {}, "cases": [], "errors": [], "skipped": []}
-
-
-def log(*a) -> None:
-    print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
-
-
-def sync() -> None:
-    if not SMOKE:
-        torch.cuda.synchronize()
+RUN = RunLog("moe", RES, smoke=SMOKE, json_arg=ARGS.json)
+log, sync, write_json = RUN.log, RUN.sync, RUN.write
 
 
 def bench_ms(fn) -> float:
     return cpu_ms(fn) if SMOKE else gpu_ms(fn, reps=50)
-
-
-def json_path() -> str | None:
-    if ARGS.json:
-        return ARGS.json
-    out = os.environ.get("OUT")
-    return os.path.join(out, "moe.json") if out else None
-
-
-def write_json() -> None:
-    p = json_path()
-    if not p:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-    RES["meta"]["elapsed_s"] = round(time.perf_counter() - T0, 1)
-    with open(p + ".tmp", "w") as f:
-        json.dump(RES, f, indent=1, default=str)
-    os.replace(p + ".tmp", p)
 
 
 # ---------------------------------------------------------------------------------------
@@ -364,7 +337,7 @@ def main() -> int:
         RES["shapes"][name] = s
         log(f"shape {name}: E={s['E']} H={s['H']} I={s['I']} top-{s['k']} ({s['note']})")
         for T in TOKENS:
-            if time.perf_counter() - T0 > ARGS.budget_s:
+            if RUN.elapsed() > ARGS.budget_s:
                 RES["skipped"].append(f"{name} T={T} (budget)")
                 log(f"skipped {name} T={T}: past the {ARGS.budget_s:.0f} s budget")
                 continue
