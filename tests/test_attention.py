@@ -475,6 +475,8 @@ def test_decode_tiles_fit_each_targets_shared_memory():
                 smem = rec.block_n * head_dim * size * 2 * rec.num_stages + 16 * head_dim * size
                 assert smem <= hw.max_shared_memory_per_block_optin, (target, head_dim, size)
                 assert rec.num_stages == 1 or hw.async_copy
+                # A pipelined tile leaves room for the programs an SM its record asks for.
+                assert rec.num_stages == 1 or rec.programs_per_sm * smem <= hw.shared_memory_per_sm, (target, head_dim)
 
 
 def test_lengths_are_not_specialized_on():
