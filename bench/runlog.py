@@ -13,6 +13,8 @@ import os
 import time
 from typing import Any, Optional
 
+import torch
+
 
 class RunLog:
     def __init__(self, name: str, results: dict, *, smoke: bool, json_arg: Optional[str] = None):
@@ -32,15 +34,11 @@ class RunLog:
 
     def sync(self) -> None:
         if not self.smoke:
-            import torch
-
             torch.cuda.synchronize()
 
     def release(self) -> None:
         """Wait for the GPU and return cached blocks to it (between cases of different sizes)."""
         if not self.smoke:
-            import torch
-
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
