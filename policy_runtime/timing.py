@@ -7,6 +7,14 @@ slow host), the GPU idles between the two and the idle time is counted as kernel
 2026-11-30 one H200 host launched torch.matmul in 22 us and matmul_triton in 48 us (another, 15 and
 29 us): there do_bench put the 20 us decode kernels at 0.78x cuBLAS, against 1.03x on the faster
 host.  Host overhead is a separate measurement in each benchmark.
+
+The flush reads 256 MiB rather than writing it (do_bench zeroes its buffer).  A write leaves the L2
+full of dirty lines, and the timed kernel's first misses must write them back to memory first: on
+2026-12-01, on an H200, a plain 88 MiB read took 32.1 us after a zeroing flush and 24.5-25.3 us after
+a reading one (25.3 after both, so it is the dirty lines, not the flush's own traffic); every
+memory-bound kernel of this project lost 7-9 us to it, its copy baselines 2-4 us
+(bench/results/h200_explore_decode6.{json,log}).  A read leaves the L2 as cold and clean, as a
+serving step finds it after kernels that read weights and write little.
 """
 
 from __future__ import annotations
@@ -22,21 +30,28 @@ import torch
 # than the host takes to launch any method measured here, so each timed kernel is already queued
 # when its start event fires.
 SLEEP_CYCLES = 300_000
+# The flush buffer (256 MiB, several times any L2), as int32 words, and the one-element tensor its
+# sum lands in.
 _FLUSH: list[torch.Tensor] = []
 
 
-def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5) -> float:
-    """Median GPU milliseconds of ``fn`` over ``reps`` runs, each after a 256 MiB L2 flush (as
-    do_bench), with a GPU sleep between the flush and the start event."""
+def flush_l2() -> None:
+    """Evict the L2 by reading 256 MiB (the module docstring says why a read and not a write)."""
     if not _FLUSH:
-        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
-    flush = _FLUSH[0]
+        _FLUSH.append(torch.ones(64 << 20, dtype=torch.int32, device="cuda"))
+        _FLUSH.append(torch.empty((), dtype=torch.int64, device="cuda"))
+    torch.sum(_FLUSH[0], dim=0, out=_FLUSH[1])
+
+
+def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5) -> float:
+    """Median GPU milliseconds of ``fn`` over ``reps`` runs, each after a 256 MiB L2 flush (a read:
+    ``flush_l2``), with a GPU sleep between the flush and the start event."""
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
-        flush.zero_()
+        flush_l2()
         torch.cuda._sleep(SLEEP_CYCLES)
         starts[i].record()
         fn()
