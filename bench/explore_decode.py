@@ -21,6 +21,14 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
 --phase 4  programmatic dependent launch: the merge, and MoE's up and down GEMMs, launched with
            launch_pdl=True and waiting on the device for their producers (with and without the
            producers releasing them as they start).
+--phase 5  MoE decode on the CUDA cores: policy_runtime.moe's _simt_up and _simt_down (register
+           slabs, no shared memory, no padding rows) over a grid of constants, each alone and the
+           best pair end to end; topk_softmax with value and index packed in one int64 key (one
+           reduction a pick); the time of an empty kernel (the floor of one launch).  T = 1, 4, 16.
+--phase 6  the L2 flush before each timed run: gpu_ms zeroes 256 MiB, which leaves the L2 full of
+           dirty lines that the timed kernel's first reads must write back.  The decode cases, a
+           plain read and copies of their bytes, timed after each kind of flush: "zero" (as
+           gpu_ms), "read" (a sum over the 256 MiB: the L2 left cold and clean), "zero+read".
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -56,11 +64,14 @@ AP.add_argument(
     "--phase",
     type=int,
     default=1,
-    help="1: sweeps of the current kernels; 2: prototypes; 3: decode bodies x partition sizes; 4: dependent launch",
+    help="1: sweeps of the current kernels; 2: prototypes; 3: decode bodies x partition sizes; 4: dependent launch; "
+    "5: MoE decode on the CUDA cores",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "flush": [],
+    "moe5": [],
     "pdl": [],
     "attention3": [],
     "attention2": [],
@@ -299,15 +310,21 @@ def _down_act(
 MOE_SHAPES = {"qwen36": (256, 3584, 512, 8), "e128": (128, 2048, 768, 8)}
 
 
-def moe_case(shape, T):
-    import generated.moe as G
-
+def moe_data(shape, T):
+    """Seeded hidden states, w1, w2 and fp32 router logits of one MoE case."""
     E, H, inter, k = MOE_SHAPES[shape]
     g = torch.Generator(device=DEV).manual_seed(T)
     x = torch.randn(T, H, device=DEV, generator=g).to(DT)
     w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
     w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
-    logits = torch.randn(T, E, device=DEV, generator=g)
+    return x, w1, w2, torch.randn(T, E, device=DEV, generator=g)
+
+
+def moe_case(shape, T):
+    import generated.moe as G
+
+    E, H, inter, k = MOE_SHAPES[shape]
+    x, w1, w2, logits = moe_data(shape, T)
     weights, ids = G.topk_softmax(logits, k, True)
     wf, idf = weights.view(-1), ids.view(-1)
     used = idf.unique().numel()
@@ -779,11 +796,7 @@ def moe_case2(shape, T):
     import generated.moe as G
 
     E, H, inter, k = MOE_SHAPES[shape]
-    g = torch.Generator(device=DEV).manual_seed(T)
-    x = torch.randn(T, H, device=DEV, generator=g).to(DT)
-    w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
-    w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
-    logits = torch.randn(T, E, device=DEV, generator=g)
+    x, w1, w2, logits = moe_data(shape, T)
     weights, ids = G.topk_softmax(logits, k, True)
     wf, idf = weights.view(-1), ids.view(-1)
     used = idf.unique().numel()
@@ -1161,11 +1174,7 @@ def moe_case4(shape, T):
     import generated.moe as G
 
     E, H, inter, k = MOE_SHAPES[shape]
-    g = torch.Generator(device=DEV).manual_seed(T)
-    x = torch.randn(T, H, device=DEV, generator=g).to(DT)
-    w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
-    w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
-    logits = torch.randn(T, E, device=DEV, generator=g)
+    x, w1, w2, logits = moe_data(shape, T)
     out = torch.empty(T, H, device=DEV, dtype=DT)
     v = G.select(T, dtype=DT, hw=HW, device=DEV).variant
     ww, ii = G.topk_softmax(logits, k, True)
@@ -1221,6 +1230,282 @@ def moe_case4(shape, T):
     save()
 
 
+# ---------------------------------------------------------------------------------------
+# 5. MoE decode on the CUDA cores
+
+
+@triton.jit
+def _empty(x_ptr):
+    pass
+
+
+@triton.jit
+def _topk_packed(logits_ptr, weights_ptr, ids_ptr, E, k, stride_lt, stride_le, RENORMALIZE: tl.constexpr,
+                 E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr):  # fmt: skip
+    # Prototype: one token a program; each pick is one int64 max over (probability bits << 32 |
+    # E_BLOCK - 1 - expert): a probability is non-negative, so its bits order as it does, and among
+    # equal ones the lowest expert wins (as _topk_softmax_kernel's tie-break).
+    t = tl.program_id(0)
+    ex = tl.arange(0, E_BLOCK)
+    in_e = ex < E
+    x = tl.load(logits_ptr + t.to(tl.int64) * stride_lt + ex * stride_le, mask=in_e, other=float("-inf"))
+    x = x.to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)
+    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_BLOCK - 1 - ex).to(tl.int64)
+    key = tl.where(in_e, key, -1)
+    kk = tl.arange(0, K_BLOCK)
+    vals = tl.zeros((K_BLOCK,), dtype=tl.float32)
+    idx = tl.zeros((K_BLOCK,), dtype=tl.int32)
+    for j in range(0, k):
+        best = tl.max(key, axis=0)
+        vals = tl.where(kk == j, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True), vals)
+        idx = tl.where(kk == j, E_BLOCK - 1 - (best & 0xFFFFFFFF).to(tl.int32), idx)
+        key = tl.where(key == best, -1, key)
+    if RENORMALIZE:
+        vals = vals / tl.sum(vals, axis=0)
+    tl.store(weights_ptr + t * k + kk, vals, mask=kk < k)
+    tl.store(ids_ptr + t * k + kk, idx, mask=kk < k)
+
+
+def moe_case5(shape, T):
+    import generated.moe as G
+
+    E, H, inter, k = MOE_SHAPES[shape]
+    x, w1, w2, logits = moe_data(shape, T)
+    out = torch.empty(T, H, device=DEV, dtype=DT)
+    wref, iref = G.topk_softmax(logits, k, True)
+    G.fused_moe(x, w1, w2, wref, iref, out=out, hw=HW)
+    ref = out.float().clone()
+    used = iref.unique().numel()
+    up_bytes, down_bytes = used * 2 * H * inter * 2, used * H * inter * 2
+    copy = copy_tbps(1 << 30)
+    frac = lambda nbytes, us: nbytes / (us * 1e-6) / (copy * 1e12)  # noqa: E731
+    name = f"{shape} T={T}"
+    numel = T * k
+    wf, idf = wref.view(-1), iref.view(-1)
+    h = torch.empty(numel, inter, device=DEV, dtype=DT)
+    e_block = triton.next_power_of_2(E)
+    row = {"case": name, "kernel": "floor"}
+    row["us"] = gpu_ms(lambda: _empty[(1,)](out)) * 1e3
+    RES["moe5"].append(row)
+
+    def current():
+        a, b = G.topk_softmax(logits, k, True)
+        G.fused_moe(x, w1, w2, a, b, out=out, hw=HW)
+
+    row = {"case": name, "kernel": "current", "kernels": G.select(T, dtype=DT, hw=HW, device=DEV).variant.name}
+    row["us"] = us = gpu_ms(current) * 1e3
+    row["frac_copy"] = frac(up_bytes + down_bytes, us)
+    RES["moe5"].append(row)
+    log(f"{name}: floor {RES['moe5'][-2]['us']:.1f} us; current {us:.1f} us ({row['frac_copy']:.3f} of copy)")
+    ww = torch.empty(T, k, device=DEV)
+    ii = torch.empty(T, k, dtype=torch.int32, device=DEV)
+
+    def packed():
+        _topk_packed[(T,)](logits, ww, ii, E, k, logits.stride(0), logits.stride(1), RENORMALIZE=True,
+                           E_BLOCK=e_block, K_BLOCK=triton.next_power_of_2(k), num_warps=1)  # fmt: skip
+
+    for kind, fn in (("topk", lambda: G.topk_softmax(logits, k, True)), ("topk_packed", packed)):
+        row = {"case": name, "kernel": kind}
+        try:
+            fn()
+            if kind == "topk_packed":
+                row["same"] = bool(torch.equal(ii, iref) and torch.allclose(ww, wref))
+            row["us"] = gpu_ms(fn) * 1e3
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        RES["moe5"].append(row)
+        log(f"  {name} {kind}: {row.get('us', row.get('error'))} same={row.get('same')}")
+    best = {}
+    for part in ("up", "down"):
+        for bn, bk, w, st in itertools.product([4, 8, 16], [128, 256, 512], [2, 4, 8], [1, 3]):
+            if ARGS.quick and (bn != 8 or w != 4):
+                continue
+            opts = dict(num_warps=w, num_stages=st, BLOCK_N=bn, BLOCK_K=bk)
+            row = {"case": name, "kernel": "simt_" + part, "block_n": bn, "block_k": bk, "warps": w, "stages": st}
+            if part == "up":
+
+                def fn(opts=opts, bn=bn, bk=bk):
+                    M._simt_up[(numel, triton.cdiv(inter, bn))](
+                        x, w1, h, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(), 0,
+                        H % bk == 0, **opts)  # fmt: skip
+
+            else:
+
+                def fn(opts=opts, bn=bn, bk=bk):
+                    M._simt_down[(T, triton.cdiv(H, bn))](
+                        h, w2, out, wf, idf, H, inter, k, *h.stride(), *w2.stride(), *out.stride(), inter % bk == 0,
+                        **opts)  # fmt: skip
+
+            try:
+                if part == "down":
+                    best["up"][1]()  # h from the fastest up kernel
+                out.fill_(float("nan"))
+                h.fill_(float("nan")) if part == "up" else None
+                fn()
+                if part == "up":
+                    _best_down_check(G, x, w1, w2, wf, idf, h, out, T, H, inter, k)
+                row["rel_err"] = err = rel_err(out, ref)
+                if err < 2e-2:
+                    row["us"] = us = gpu_ms(fn) * 1e3
+                    row["frac_copy"] = frac(up_bytes if part == "up" else down_bytes, us)
+                    if part not in best or us < best[part][0]:
+                        best[part] = (us, fn, opts)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            RES["moe5"].append(row)
+            log(f"  {name} simt {part} bn={bn} bk={bk} w={w} st={st}: "
+                + (f"{row['us']:.1f} us ({row['frac_copy']:.2f})" if "us" in row
+                   else str(row.get("error") or row.get("rel_err"))))  # fmt: skip
+        save()
+    if "up" not in best or "down" not in best:
+        return
+
+    def pair(routing):
+        def run():
+            if routing == "packed":
+                packed()
+                a, b = ww.view(-1), ii.view(-1)
+            else:
+                a, b = G.topk_softmax(logits, k, True)
+                a, b = a.view(-1), b.view(-1)
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            uo, do = best["up"][2], best["down"][2]
+            M._simt_up[(numel, triton.cdiv(inter, uo["BLOCK_N"]))](
+                x, w1, hh, b, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), 0,
+                H % uo["BLOCK_K"] == 0, **uo)  # fmt: skip
+            M._simt_down[(T, triton.cdiv(H, do["BLOCK_N"]))](
+                hh, w2, out, a, b, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), inter % do["BLOCK_K"] == 0,
+                **do)  # fmt: skip
+
+        return run
+
+    for routing in ("topk", "packed", "topk"):
+        row = {"case": name, "kernel": "simt_pair", "routing": routing, "up": best["up"][2], "down": best["down"][2]}
+        fn = pair(routing)
+        out.fill_(float("nan"))
+        fn()
+        row["rel_err"] = err = rel_err(out, ref)
+        if err < 2e-2:
+            row["us"] = us = gpu_ms(fn) * 1e3
+            row["frac_copy"] = frac(up_bytes + down_bytes, us)
+        RES["moe5"].append(row)
+        log(f"  {name} simt pair ({routing}) up {best['up'][2]} down {best['down'][2]}: "
+            + (f"{row['us']:.1f} us ({row['frac_copy']:.3f} of copy)" if "us" in row else str(row["rel_err"])))  # fmt: skip
+    save()
+
+
+def _best_down_check(G, x, w1, w2, wf, idf, h, out, T, H, inter, k):
+    """out from h (just written by an up kernel under test) through the reference tensor-core down kernel."""
+    M._gemv_down[(T, triton.cdiv(H, 32))](
+        h, w2, out, wf, idf, H, inter, k, *h.stride(), *w2.stride(), *out.stride(), inter % 128 == 0,
+        BLOCK_N=32, BLOCK_K=128, DOT_PREC="tf32", num_warps=4, num_stages=3)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# 6. the L2 flush
+
+
+@triton.jit
+def _read_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # Each program sums BLOCK elements: a plain read of x at the memory's rate.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
+
+
+def timed(fn, mode, reps=50):
+    """gpu_ms with the flush of ``mode``: "zero" (gpu_ms's), "read", or "zero+read"."""
+    import statistics
+
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=DEV)
+    words = flush.view(torch.int32)
+    for _ in range(5):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if "zero" in mode:
+            flush.zero_()
+        if "read" in mode:
+            words.sum()
+        torch.cuda._sleep(300_000)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+def flush_cases():
+    import generated.attention as GA
+    import generated.moe as G
+
+    cases = []
+    dummy = torch.empty(1, device=DEV)
+    cases.append(("empty kernel", lambda: _empty[(1,)](dummy), 0))
+    for nbytes in (88 << 20, 134 << 20, 268 << 20, 512 << 20):
+        src = torch.randn(nbytes // 2, device=DEV).to(DT)
+        dst = torch.empty_like(src)
+        part = torch.empty(triton.cdiv(src.numel(), 8192), device=DEV)
+        cases.append((f"copy {nbytes >> 20} MiB", lambda d=dst, s=src: d.copy_(s), 2 * nbytes))
+        cases.append(
+            (
+                f"read {nbytes >> 20} MiB",
+                lambda s=src, p=part: _read_sum[(p.numel(),)](s, p, s.numel(), BLOCK=8192),
+                nbytes,
+            )
+        )
+    for shape, T in (("qwen36", 1), ("qwen36", 4), ("e128", 1)):
+        E, H, inter, k = MOE_SHAPES[shape]
+        x, w1, w2, logits = moe_data(shape, T)
+        out = torch.empty(T, H, device=DEV, dtype=DT)
+        _, ii = G.topk_softmax(logits, k, True)
+        wbytes = ii.unique().numel() * 3 * H * inter * 2
+
+        def moe(x=x, w1=w1, w2=w2, logits=logits, out=out, k=k):
+            a, b = G.topk_softmax(logits, k, True)
+            G.fused_moe(x, w1, w2, a, b, out=out, hw=HW)
+
+        cases.append((f"moe {shape} T={T} current", moe, wbytes))
+        if T == 1:
+
+            def simt(x=x, w1=w1, w2=w2, logits=logits, out=out, k=k, H=H, inter=inter, T=T):
+                a, b = G.topk_softmax(logits, k, True)
+                a, b = a.view(-1), b.view(-1)
+                hh = torch.empty(T * k, inter, device=DEV, dtype=DT)
+                M._simt_up[(T * k, triton.cdiv(inter, 8))](
+                    x, w1, hh, b, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), 0, H % 512 == 0,
+                    BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=1)  # fmt: skip
+                M._simt_down[(T, triton.cdiv(H, 4))](
+                    hh, w2, out, a, b, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), inter % 512 == 0,
+                    BLOCK_N=4, BLOCK_K=512, num_warps=4, num_stages=1)  # fmt: skip
+
+            cases.append((f"moe {shape} T={T} simt", simt, wbytes))
+    for D, H, Hkv, batch, context in ((128, 32, 8, 8, 8192), (256, 16, 4, 8, 8192), (128, 32, 8, 1, 32768),
+                                      (256, 16, 4, 1, 32768)):  # fmt: skip
+        kc, vc, table, lens, q, o, _, _ = paged_case(D, H, Hkv, batch, context)
+        fn = lambda q=q, kc=kc, vc=vc, table=table, lens=lens, o=o: GA.decode_attention(  # noqa: E731
+            q, kc, vc, table, lens, out=o, hw=HW
+        )
+        cases.append((f"decode d={D} batch={batch} ctx={context}", fn, 2 * batch * context * Hkv * D * 2))
+    return cases
+
+
+def flush_phase():
+    cases = flush_cases()
+    for r in range(2):
+        for name, fn, nbytes in cases:
+            row = {"case": name, "bytes": nbytes, "round": r}
+            for mode in ("zero", "read", "zero+read"):
+                row[mode] = timed(fn, mode)
+            RES["flush"].append(row)
+            tb = {m: nbytes / (row[m] * 1e-6) / 1e12 for m in ("zero", "read", "zero+read")} if nbytes else {}
+            log(f"{name} (round {r}): " + ", ".join(f"{m} {row[m]:.1f} us" + (f" {tb[m]:.2f} TB/s" if tb else "")
+                                                     for m in ("zero", "read", "zero+read")))  # fmt: skip
+        save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -1228,10 +1513,18 @@ def main():
         "triton": triton.__version__,
         "date": time.strftime("%Y-%m-%d"),
     }
+    if ARGS.phase == 6:
+        flush_phase()
+        log("done")
+        return
     jobs = []
-    att, moe = {1: (att_case, moe_case), 2: (att_case2, moe_case2), 3: (att_case3, None), 4: (att_case4, moe_case4)}[
-        ARGS.phase
-    ]
+    att, moe = {
+        1: (att_case, moe_case),
+        2: (att_case2, moe_case2),
+        3: (att_case3, None),
+        4: (att_case4, moe_case4),
+        5: (None, moe_case5),
+    }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 3:
         cases = [
@@ -1239,10 +1532,10 @@ def main():
             for D, H, Hkv in ((128, 32, 8), (256, 16, 4))
             for b, c in ((1, 8192), (1, 32768), (8, 8192), (8, 32768))
         ]
-    if ARGS.only in (None, "attention"):
+    if att is not None and ARGS.only in (None, "attention"):
         jobs += [(att, c) for c in cases]
     if moe is not None and ARGS.only in (None, "moe"):
-        jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in (1, 4)]
+        jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ((1, 4, 16) if ARGS.phase == 5 else (1, 4))]
     for fn, args in jobs:
         try:
             fn(*args)

@@ -246,6 +246,90 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
 
 
+@triton.jit
+def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
+             stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1), on
+    # the CUDA cores: each step loads a BLOCK_N x BLOCK_K slab of both halves into registers and
+    # multiplies it by the row elementwise into fp32 accumulators of the slab's shape, which are
+    # reduced over K once, at the end.  No shared memory and no padding rows: every byte loaded
+    # is a weight the row needs, and a program is small enough that several share an SM.
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + offs_k * stride_xk
+    g_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    u_ptrs = g_ptrs + N * stride_wn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            g = tl.load(g_ptrs)
+            u = tl.load(u_ptrs)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=k_ok, other=0.0)
+            g = tl.load(g_ptrs, mask=k_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs, mask=k_ok[None, :], other=0.0)
+        a = a.to(tl.float32)[None, :]
+        acc_g += g.to(tl.float32) * a
+        acc_u += u.to(tl.float32) * a
+        a_ptrs += BLOCK_K * stride_xk
+        g_ptrs += BLOCK_K * stride_wk
+        u_ptrs += BLOCK_K * stride_wk
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    if ACT == 0:
+        h = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
+    else:
+        h = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up  # GELU (erf)
+    tl.store(h_ptr + r.to(tl.int64) * stride_hm + offs_n * stride_hn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
+               stride_we, stride_wn, stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One token t per program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores as
+    # _simt_up: one flat loop over (expert slot j, K step), the weighted row h[t * k + j] times a
+    # BLOCK_N x BLOCK_K slab of w[e] into fp32 accumulators of the slab's shape (each element
+    # summed in slot order), reduced over K at the end.  The next step's expert id and weight are
+    # read a step ahead, so that a slab's address never waits on a load of its own step.
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+    steps = top_k * k_tiles
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    expert = tl.load(ids_ptr + t * top_k).to(tl.int64)
+    weight = tl.load(weights_ptr + t * top_k).to(tl.float32)
+    for it in range(0, steps):
+        r = t * top_k + it // k_tiles
+        k0 = (it % k_tiles) * BLOCK_K
+        r_next = t * top_k + tl.minimum(it + 1, steps - 1) // k_tiles
+        expert_next = tl.load(ids_ptr + r_next).to(tl.int64)
+        weight_next = tl.load(weights_ptr + r_next).to(tl.float32)
+        a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + (k0 + offs_k) * stride_hk
+        b_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + (k0 + offs_k)[None, :] * stride_wk
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=k_ok, other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
+        acc += b.to(tl.float32) * (a.to(tl.float32) * weight)[None, :]
+        expert = expert_next
+        weight = weight_next
+    o = tl.sum(acc, axis=1)
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n * stride_on, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
 # ---------------------------------------------------------------------------------------
 # Kernels launched as they are: the reduce of unfused weighted rows, alignment, routing.
 
