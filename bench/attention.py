@@ -70,7 +70,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from bench.runlog import RunLog  # noqa: E402
-from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
+from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import attention as at  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 
@@ -184,18 +184,7 @@ def flash_only(fn):
 def replayed(fn):
     """fn captured into a CUDA graph (its replay): the per-sequence SDPA calls of a ragged batch
     then run without the host's launch gaps between them.  As it is on the CPU."""
-    if SMOKE:
-        return fn
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    return fn if SMOKE else captured(fn, warmups=2)[0].replay
 
 
 def geomean(values):

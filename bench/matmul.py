@@ -95,7 +95,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
+from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import matmul as mm  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 from policy_runtime.matmul import _grouped  # noqa: E402  (the kernel body the generated kernels share)
@@ -181,30 +181,16 @@ def bench_ms(fn) -> float:
     return cpu_ms(fn) if ARGS.cpu_smoke else gpu_ms(fn)
 
 
-def captured(fn) -> "torch.cuda.CUDAGraph":
-    """fn recorded into a CUDA graph, after torch's warm-up on a side stream.  For a
-    triton_in_graphs bucket that warm-up runs cuBLAS (an eager call); the Triton kernel is already
-    compiled by then (column (b)), and its graph buffers are made during the capture."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def measure_in_graphs(a, b, ref, hw) -> dict:
     """For a triton_in_graphs bucket: matmul and torch.matmul captured into CUDA graphs (where
     matmul runs its Triton kernel), checked, then replays timed against each other."""
     M, N = a.shape[0], b.shape[1]
     outs = {name: torch.full((M, N), float("nan"), device=a.device, dtype=a.dtype) for name in ("matmul", "torch")}
     graphs = {
-        "matmul": captured(lambda: mm.matmul(a, b, out=outs["matmul"], hw=hw)),
-        "torch": captured(lambda: torch.matmul(a, b, out=outs["torch"])),
+        # For a triton_in_graphs bucket the side-stream warm-up runs cuBLAS (an eager call); the
+        # Triton kernel is already compiled by then (column (b)), its graph buffers made in the capture.
+        "matmul": captured(lambda: mm.matmul(a, b, out=outs["matmul"], hw=hw))[0],
+        "torch": captured(lambda: torch.matmul(a, b, out=outs["torch"]))[0],
     }
     errors = {}
     for name, graph in graphs.items():

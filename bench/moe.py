@@ -22,8 +22,10 @@ error < 2e-2, else the run fails), then timed as GPU time (bench/timing.py's gpu
 runs, L2 flushed before each, launch time off the clock) in interleaved rounds.  Reported: time,
 the bytes of the activated experts' weights (each expert some token routes to, w1 and w2) read
 per second as a fraction of a device copy's bandwidth (read + write, 512 MiB), and TFLOP/s
-(6 * T * k * H * I useful FLOPs).  JSON to $OUT/moe.json when $OUT is set (or --json PATH),
-rewritten after every case.
+(6 * T * k * H * I useful FLOPs).  At T <= 16 (decode) ours and grouped are also captured once
+each as a CUDA graph, as a server runs its decode step, checked again, and timed as replays (the
+same timer): the gaps between a call's launches shrink there.  JSON to $OUT/moe.json when $OUT
+is set (or --json PATH), rewritten after every case.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from bench.runlog import RunLog  # noqa: E402
-from bench.timing import cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
+from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import moe as M  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 
@@ -70,6 +72,7 @@ DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 TOKENS = [1, 16, 40, 600] if SMOKE else [1, 4, 16, 64, 256, 1024, 4096, 16384]
 PREFILL = 16 if SMOKE else 4096  # T from which the cuBLAS comparison runs
+GRAPH_T_MAX = 16  # decode (the issue's T <= 16): ours and grouped also timed as CUDA graph replays (GPU only)
 TOL = 2e-2
 RES: dict = {"meta": {}, "copy": {}, "shapes": {}, "cases": [], "errors": [], "skipped": []}
 RUN = RunLog("moe", RES, smoke=SMOKE, json_arg=ARGS.json)
@@ -245,7 +248,8 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
     # Correct first, each against the reference on its own routing (the two routers agree but
     # for probabilities that round equal, which they may order differently).
     weights, ids = M.topk_softmax(logits, k, True)
-    check("ours", ours(), reference(x, w1, w2, weights, ids), case)
+    ours_ref = reference(x, w1, w2, weights, ids)
+    check("ours", ours(), ours_ref, case)
     tw, ti = torch_route(logits, k)
     grouped_ref = reference(x, w1, w2, tw, ti)
     case["grouped_method"] = "torch._grouped_mm" if use_grouped_mm else "per-expert torch.matmul loop"
@@ -301,6 +305,24 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
         ours_vs_grouped=1 / timed["grouped"]["ratio"],
     )
     case["ours_weight_frac_copy"] = case["ours_weight_tbps"] / copy
+    if not SMOKE and T <= GRAPH_T_MAX:
+        # Decode as a server runs it: each method's launches captured once, timed as replays.
+        replays = {}
+        for name, ref in (("ours", ours_ref), ("grouped", grouped_ref)):
+            try:
+                graph, got = captured(methods[name])
+                graph.replay()
+                check(f"{name}_graph", got, ref, case)
+                replays[name] = graph.replay
+            except Exception as e:  # noqa: BLE001
+                case.setdefault("graph_errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                log(f"{shape_name} T={T}: {name} in a CUDA graph: {case['graph_errors'][name]}")
+        if "ours" in replays:
+            g_ms = {n: t["ms"] for n, t in interleaved(replays, ARGS.rounds, "ours", bench_ms).items()}
+            case["ours_graph_us"] = g_ms["ours"] * 1e3
+            case["ours_graph_weight_frac_copy"] = weight_bytes / (g_ms["ours"] * 1e-3) / 1e12 / copy
+            if "grouped" in g_ms:
+                case["grouped_graph_us"] = g_ms["grouped"] * 1e3
     for name, rows in (("cublas_expert", m_e), ("cublas_dense", T * k)):
         if name in ms:
             case[f"{name}_rows"] = rows
@@ -314,14 +336,16 @@ def fmt(v, spec) -> str:
 
 
 def table(cases) -> None:
-    head = "| shape | T | bucket | ours us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
+    head = "| shape | T | bucket | ours us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | in graphs: ours us | of copy | grouped us | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for c in cases:
         print(
             f"| {c['shape']} | {c['T']} | {c['bucket']} | {fmt(c.get('ours_us'), '.1f')} | {fmt(c.get('ours_weight_tbps'), '.3f')}"
             f" | {fmt(c.get('ours_weight_frac_copy'), '.2f')} | {fmt(c.get('ours_tflops'), '.1f')} | {fmt(c.get('grouped_us'), '.1f')}"
-            f" | {fmt(c.get('ours_vs_grouped'), '.2f')}x | {fmt(c.get('cublas_expert_tflops'), '.1f')}"
+            f" | {fmt(c.get('ours_vs_grouped'), '.2f')}x | {fmt(c.get('ours_graph_us'), '.1f')}"
+            f" | {fmt(c.get('ours_graph_weight_frac_copy'), '.2f')} | {fmt(c.get('grouped_graph_us'), '.1f')}"
+            f" | {fmt(c.get('cublas_expert_tflops'), '.1f')}"
             f" | {fmt(c.get('ours_vs_cublas_expert_tflops'), '.2f')} | {fmt(c.get('cublas_dense_tflops'), '.1f')} |"
         )
 
@@ -348,6 +372,11 @@ def main() -> int:
                     f"{name} T={T:5d} {case['bucket']:8s} ours {case['ours_us']:9.1f} us"
                     f" ({case['ours_weight_frac_copy']:.2f} of copy, {case['ours_tflops']:.1f} TFLOP/s),"
                     f" grouped {case['grouped_us']:9.1f} us, ours {case['ours_vs_grouped']:.2f}x"
+                    + (
+                        f"; graphs: ours {case['ours_graph_us']:.1f} us ({case['ours_graph_weight_frac_copy']:.2f} of copy)"
+                        if "ours_graph_us" in case
+                        else ""
+                    )
                 )
             except Exception as e:  # noqa: BLE001
                 RES["errors"].append(

@@ -2,6 +2,7 @@
 
 from policy_runtime.timing import (  # noqa: F401
     SLEEP_CYCLES,
+    captured,
     cpu_ms,
     gpu_ms,
     interleaved,

@@ -60,6 +60,22 @@ def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def captured(fn: Callable[[], object], warmups: int = 3) -> tuple["torch.cuda.CUDAGraph", object]:
+    """fn recorded into a CUDA graph, after ``warmups`` calls on a side stream (as torch's docs
+    do: first-call work such as compilation and workspace allocation stays out of the graph), and
+    what the recorded call returned, which every replay writes again."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def cpu_ms(fn: Callable[[], object]) -> float:
     """Wall milliseconds of one call: the CPU smoke modes' stand-in for gpu_ms (interpreter)."""
     t0 = time.perf_counter()
