@@ -27,6 +27,10 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
         consts = dict(BLOCK_N=n, BLOCK_K=k, DOT_PREC=prec)
         up = BoundKernel(_moe._gemv_up, "candidate_gemv_up", consts)
         down = BoundKernel(_moe._gemv_down, "candidate_gemv_down", consts)
+    elif record["kernel"] == "simt":
+        consts = dict(BLOCK_N=n, BLOCK_K=k)
+        up = BoundKernel(_moe._simt_up, "candidate_simt_up", consts)
+        down = BoundKernel(_moe._simt_down, "candidate_simt_down", consts)
     else:
         consts = dict(
             BLOCK_M=record["block_size_m"], BLOCK_N=n, BLOCK_K=k, GROUP_M=record["group_size_m"], DOT_PREC=prec

@@ -41,6 +41,8 @@ def kernel_summary(c: dict[str, Any]) -> str:
         parts = [
             f"gemv: one routed row a program in 16-row tiles, {c['block_size_n']} columns, K steps of {c['block_size_k']}"
         ]
+    elif c["kernel"] == "simt":
+        parts = [f"simt: one routed row a program on the CUDA cores, {c['block_size_n']}x{c['block_size_k']} slabs"]
     else:
         parts = [
             f"grouped {c['block_size_m']}x{c['block_size_n']}x{c['block_size_k']} tiles of aligned expert blocks",
@@ -103,8 +105,10 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
             selectors[inst["symbol"]] = pname
         tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
     ordered = sorted(kernels.values(), key=lambda k: k["name"])
+    # The kernel bodies the module imports: those of the kinds some bucket uses.
+    bodies = sorted(f"_{kind}_{part}" for kind in {k["kind"] for k in ordered} for part in ("up", "down"))
     for k in ordered:
         k["literal"] = {
             field: literal(value) for field, value in {**k["c"], "name": k["name"], "dot_prec": k["dot_prec"]}.items()
         }
-    return {"kernels": ordered, "policies": policies, "tables": tables}
+    return {"kernels": ordered, "bodies": bodies, "policies": policies, "tables": tables}

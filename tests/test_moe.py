@@ -93,17 +93,17 @@ def test_every_kernel_pair(name):
     """Each specialized pair, whatever bucket it serves, on a routed call that uses every expert
     (the policy tests below run each pair again at a T of its bucket)."""
     v = M.VARIANTS[name]
-    T, k = (2, 4) if v.kind == "gemv" else (13, 8)
+    T, k = (13, 8) if v.kind == "grouped" else (2, 4)
     for dtype in dtypes_of(name):
         run_checked(layer(T, k, 8, dtype), variant=v, what=f"{name} T={T} k={k}")
 
 
 @pytest.mark.parametrize("T, hw", [(2, "h200"), (9, "bi_v100")])
 def test_results_repeat_bit_for_bit(T, hw):
-    """The gemv down kernel and the reduce sum a token's experts in slot order: two calls give
-    the same bits (the atomics of a fused grouped bucket would not promise that)."""
+    """The gemv and simt down kernels and the reduce sum a token's experts in slot order: two
+    calls give the same bits (the atomics of a fused grouped bucket would not promise that)."""
     v = M.select(T, dtype=torch.float16, hw=hw).variant
-    assert v.kind == "gemv" or not v.fuse_sum
+    assert v.kind in ("gemv", "simt") or not v.fuse_sum
     inputs = layer(T, 3, 8, torch.float16)
     assert torch.equal(run_checked(inputs, hw=hw), run_checked(inputs, hw=hw))
 
@@ -221,9 +221,10 @@ def test_every_distinct_policy_through_fused_moe(variant, targets):
 def test_bucket_selection_on_the_h200():
     names = [M.select(T, dtype=torch.bfloat16, hw="h200").name for T in (1, 4, 5, 32, 33, 512, 513, 16384)]
     assert names == ["decode", "decode", "small", "small", "medium", "medium", "prefill", "prefill"]
-    assert M.select(1, hw="h200").variant.kind == "gemv"
-    # nvidia>=90's small bucket sums by atomics; h200's own policy (codegen tune's amends of the
-    # decode and small buckets, specs/kernels/moe.toml) took a reduce there, and kept the rest.
+    assert M.select(1, hw="h200").variant.kind == "simt"
+    assert M.select(1, hw="a100").variant.kind == "gemv"
+    # nvidia>=90's small bucket sums by atomics; h200's own policy (codegen tune's amend of the
+    # small bucket, specs/kernels/moe.toml) took a reduce there, and kept the rest.
     assert (M.select(16, hw="h100").variant.kind, M.select(16, hw="h100").variant.fuse_sum) == ("grouped", True)
     small = M.select(16, hw="h200").variant
     assert (small.kind, small.fuse_sum, small.block_n) == ("grouped", False, 32)
@@ -473,8 +474,9 @@ def test_every_target_has_a_policy_for_both_dtype_classes():
 
 def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
     """moe_launch's checks run on every instantiation at build: more stages than the H200's shared
-    memory holds, or a gemv bucket told not to sum in its down kernel, fail the build (exit 2,
-    nothing written) with the file, the policy and the figures."""
+    memory holds, a gemv bucket told not to sum in its down kernel, or a simt bucket given
+    pipeline stages, fail the build (exit 2, nothing written) with the file, the policy and the
+    figures."""
     for needed in ("jinja2", "pydantic", "black"):  # the compiler's (a GPU box may run kernels only)
         pytest.importorskip(needed)
     from conftest import run_cli, snapshot
@@ -483,8 +485,10 @@ def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
     text = spec.read_text()
     prefill = text.index('name = "prefill"\nblock_size_m = 128')
     text = text[:prefill] + text[prefill:].replace("num_warps = 8", "num_warps = 8\nnum_stages = 6", 1)
-    decode = text.index('name = "decode"\nnote = "Two launches')
-    text = text[:decode] + text[decode:].replace("num_stages = 6", "num_stages = 6\nfuse_sum = false", 1)
+    gemv = text.index('name = "decode"\nt_max = 4\nkernel = "gemv"')
+    text = text[:gemv] + text[gemv:].replace('kernel = "gemv"', 'kernel = "gemv"\nfuse_sum = false', 1)
+    simt = text.index('name = "decode"\nnote = "Two launches')
+    text = text[:simt] + text[simt:].replace("num_stages = 1", "num_stages = 3", 1)
     spec.write_text(text)
     before = snapshot(project / "generated")
     result = run_cli("--root", str(project), "build")
@@ -494,6 +498,12 @@ def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
         "6 stages of 128x64 A and two 64x128 B tiles need 294,912 B of shared memory per block; h200 allows 232,448 B"
         in result.err
     )
-    assert "fails check 'the gemv down kernel sums a token's experts itself'" in result.err
+    assert (
+        "fails check 'the gemv down kernel sums a token's experts itself'" in result.err and "nvidia>=80" in result.err
+    )
+    assert (
+        "a simt record needs block_size_m 1, fuse_sum, num_stages 1" in result.err
+        and "got 8x512, 3 stage(s)" in result.err
+    )
     assert "specs/kernels/moe.toml" in result.err and "nvidia>=90" in result.err
     assert snapshot(project / "generated") == before

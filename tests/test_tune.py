@@ -383,7 +383,19 @@ def test_moe_launch_is_tuned_through_its_declaration_with_the_models_sizes():
         "top_k": qwen.top_k,
     }
     assert {b.name: [s[0] for s in b.shapes] for b in p.buckets} == {"decode": [1, 4], "small": [16]}
-    assert all(c.record["kernel"] == "gemv" for c in p.bucket("decode").candidates)
+    # The decode bucket's two spaces: the tensor-core gemv and the CUDA-core simt kernels.  Of
+    # simt's 3 x 2 x 3 points the incumbent (8 x 512, 4 warps) is not a candidate, and 16 x 512 on
+    # 2 warps (256 accumulator registers a thread) is rejected by the spec's checks.
+    decode = p.bucket("decode")
+    kinds = [c.record["kernel"] for c in decode.candidates]
+    assert set(kinds) == {"gemv", "simt"} and kinds.count("simt") == 16
+    assert [r for r in decode.rejected if "kernel=simt" in r[0]] == [
+        (
+            "kernel=simt block_size_n=16 block_size_k={1024 // dtype_bytes} num_warps=2 num_stages=1",
+            next(r[1] for r in decode.rejected if "kernel=simt" in r[0]),
+        )
+    ]
+    assert "accumulators take 256 registers" in next(r[1] for r in decode.rejected if "kernel=simt" in r[0])
 
 
 def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
@@ -396,8 +408,9 @@ def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
     grouped = dict(kernel="grouped", block_size_m=16, block_size_n=32, block_size_k=32, group_size_m=8)
     for T in (1, 5):
         problem = HARNESS.problem({"t": T}, torch.float16, "cpu", params)
-        for record in (dict(gemv, fuse_sum=True), dict(grouped, fuse_sum=True), dict(grouped, fuse_sum=False)):
-            out = problem.kernel(dict(record, num_warps=4, num_stages=2))()
+        simt = dict(gemv, kernel="simt", block_size_n=8, block_size_k=64, fuse_sum=True, num_stages=1)
+        for record in (dict(gemv, fuse_sum=True), dict(grouped, fuse_sum=True), dict(grouped, fuse_sum=False), simt):
+            out = problem.kernel({"num_stages": 2, **record, "num_warps": 4})()
             assert problem.error(out) < 2e-3, (T, record)
 
 
