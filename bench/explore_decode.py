@@ -29,6 +29,13 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            dirty lines that the timed kernel's first reads must write back.  The decode cases, a
            plain read and copies of their bytes, timed after each kind of flush: "zero" (as
            gpu_ms), "read" (a sum over the 256 MiB: the L2 left cold and clean), "zero+read".
+--phase 7  phase 3's leading candidates for both decode targets (on the reading flush), each timed
+           in 5 interleaved rounds: batch 1 at 32k, batch 8 at 8k and 32k, batch 32 at 8k.
+--phase 8  MoE decode: the simt kernels with their loops unrolled (1, 2, 4), chained by
+           programmatic dependent launch (the down kernel loading its first weight slab before it
+           waits), 8 or 4 down rows a program; against the current layer, 3 interleaved rounds.
+--phase 9  the h200 decode tiles with V2 partitions of 64-512 tokens where a call has few programs:
+           batch 1 at 4k, 8k and 32k, batch 2 at 16k, 4 and 8 at 8k; 3 interleaved rounds.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -38,6 +45,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -53,7 +61,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: 
 from policy_runtime import attention as A  # noqa: E402
 from policy_runtime import moe as M  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
-from policy_runtime.timing import gpu_ms, rel_err  # noqa: E402
+from policy_runtime.timing import gpu_ms, per_round, rel_err  # noqa: E402
 from policy_runtime.tuning import BoundKernel  # noqa: E402
 
 AP = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,11 +73,15 @@ AP.add_argument(
     type=int,
     default=1,
     help="1: sweeps of the current kernels; 2: prototypes; 3: decode bodies x partition sizes; 4: dependent launch; "
-    "5: MoE decode on the CUDA cores",
+    "5: MoE decode on the CUDA cores; 6: the L2 flush; 7: decode candidates in rounds; "
+    "8: MoE decode unrolled and chained; 9: small decode grids x partition sizes",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "attention9": [],
+    "moe8": [],
+    "attention7": [],
     "flush": [],
     "moe5": [],
     "pdl": [],
@@ -917,87 +929,49 @@ def moe_case2(shape, T):
     save()
 
 
+ATT3_CONFIGS = {
+    128: [("cur", 64, 4, 3), ("cur", 64, 4, 2), ("pf", 32, 4, 3), ("pf", 32, 4, 4), ("pf", 64, 4, 2), ("pf", 64, 4, 3)],
+    256: [("cur", 32, 4, 2), ("cur", 32, 4, 3), ("pf", 32, 4, 3), ("pf", 32, 4, 4), ("pf", 16, 4, 4), ("pf", 64, 8, 2)],
+}
+# Phase 7: the candidates phase 3 (on the reading flush) left for both decode targets, per head_dim.
+ATT7_CONFIGS = {
+    128: [("cur", 64, 4, 3, 512), ("cur", 64, 4, 3, 256), ("cur", 64, 4, 2, 512), ("pf", 32, 4, 3, 512),
+          ("pf", 32, 4, 3, 1024), ("pf", 64, 4, 2, 512)],
+    256: [("cur", 32, 4, 2, 512), ("cur", 32, 4, 2, 256), ("cur", 32, 4, 3, 256), ("pf", 32, 4, 3, 256),
+          ("pf", 32, 4, 3, 512), ("pf", 32, 4, 3, 1024), ("pf", 32, 4, 2, 256), ("pf", 32, 4, 2, 512)],
+}  # fmt: skip
+
+
+def decode_run(case, body, bn, w, st, ps):
+    """One V2 decode call (every sequence V2) of a paged case with this body, tile and partition
+    size, and the current merge."""
+    D, H, Hkv, batch, context, (kc, vc, table, lens, q, out) = case
+    parts = triton.cdiv(context, ps)
+    part_o = torch.empty((batch, H, parts, D), dtype=torch.float32, device=DEV)
+    part_ml = torch.empty((2, batch, H, parts), dtype=torch.float32, device=DEV)
+    kern = A._decode if body == "cur" else _decode_pf
+    bd = min(D, A._MERGE_BLOCK_D)
+
+    def run():
+        kern[(batch, Hkv, parts)](
+            q, kc, vc, table, lens, out, part_o, part_ml[0], part_ml[1], D**-0.5, H // Hkv, table.stride(0), 0,
+            1 << 30, ps, parts, q.stride(0), q.stride(1), *kc.stride()[:3], *vc.stride()[:3], out.stride(0),
+            out.stride(1), D, 16, 16, BLOCK_N=bn, DOT_PREC="tf32", num_warps=w, num_stages=st)  # fmt: skip
+        A._merge[(batch, H, D // bd)](
+            out, part_o, part_ml[0], part_ml[1], lens, 0, 1 << 30, ps, parts, out.stride(0), out.stride(1), D,
+            A._MERGE_BLOCK_P, bd, num_warps=4)  # fmt: skip
+
+    return run
+
+
 def att_case3(D, H, Hkv, batch, context):
     """Phase 3: the decode bodies (current, block ids a tile ahead) x tiles x V2 partition sizes,
     with the current merge, every sequence V2."""
     kc, vc, table, lens, q, out, ref, floor_us = paged_case(D, H, Hkv, batch, context)
+    case = (D, H, Hkv, batch, context, (kc, vc, table, lens, q, out))
     name = f"d={D} kv={Hkv} batch={batch} ctx={context}"
-    group = H // Hkv
-    configs = {
-        128: [
-            ("cur", 64, 4, 3),
-            ("cur", 64, 4, 2),
-            ("pf", 32, 4, 3),
-            ("pf", 32, 4, 4),
-            ("pf", 64, 4, 2),
-            ("pf", 64, 4, 3),
-        ],
-        256: [
-            ("cur", 32, 4, 2),
-            ("cur", 32, 4, 3),
-            ("pf", 32, 4, 3),
-            ("pf", 32, 4, 4),
-            ("pf", 16, 4, 4),
-            ("pf", 64, 8, 2),
-        ],
-    }[D]
-    for (body, bn, w, st), ps in itertools.product(configs, [256, 512, 1024, 2048]):
-        parts = triton.cdiv(context, ps)
-        part_o = torch.empty((batch, H, parts, D), dtype=torch.float32, device=DEV)
-        part_ml = torch.empty((2, batch, H, parts), dtype=torch.float32, device=DEV)
-        kern = A._decode if body == "cur" else _decode_pf
-        bd = min(D, A._MERGE_BLOCK_D)
-
-        def run():
-            kern[(batch, Hkv, parts)](
-                q,
-                kc,
-                vc,
-                table,
-                lens,
-                out,
-                part_o,
-                part_ml[0],
-                part_ml[1],
-                D**-0.5,
-                group,
-                table.stride(0),
-                0,
-                1 << 30,
-                ps,
-                parts,
-                q.stride(0),
-                q.stride(1),
-                *kc.stride()[:3],
-                *vc.stride()[:3],
-                out.stride(0),
-                out.stride(1),
-                D,
-                16,
-                16,
-                BLOCK_N=bn,
-                DOT_PREC="tf32",
-                num_warps=w,
-                num_stages=st,
-            )
-            A._merge[(batch, H, D // bd)](
-                out,
-                part_o,
-                part_ml[0],
-                part_ml[1],
-                lens,
-                0,
-                1 << 30,
-                ps,
-                parts,
-                out.stride(0),
-                out.stride(1),
-                D,
-                A._MERGE_BLOCK_P,
-                bd,
-                num_warps=4,
-            )
-
+    for (body, bn, w, st), ps in itertools.product(ATT3_CONFIGS[D], [256, 512, 1024, 2048]):
+        run = decode_run(case, body, bn, w, st, ps)
         row = {
             "case": name,
             "batch": batch,
@@ -1008,7 +982,7 @@ def att_case3(D, H, Hkv, batch, context):
             "warps": w,
             "stages": st,
             "partition_size": ps,
-            "programs": batch * Hkv * parts,
+            "programs": batch * Hkv * triton.cdiv(context, ps),
         }
         try:
             out.fill_(float("nan"))
@@ -1028,6 +1002,43 @@ def att_case3(D, H, Hkv, batch, context):
                 else str(row.get("error") or row.get("rel_err"))
             )
         )
+    save()
+
+
+# Phase 9: the production tiles (h200) with partitions halved below the policy's 512 tokens.
+ATT9_CONFIGS = {
+    128: [("cur", 64, 4, 3, ps) for ps in (64, 128, 256, 512)],
+    256: [("cur", 32, 4, 2, ps) for ps in (64, 128, 256, 512)],
+}
+
+
+def att_case9(D, H, Hkv, batch, context):
+    att_case7(D, H, Hkv, batch, context, rounds=3, configs=ATT9_CONFIGS, res_key="attention9")
+
+
+def att_case7(D, H, Hkv, batch, context, rounds=5, configs=ATT7_CONFIGS, res_key="attention7"):
+    """Phase 7: phase 3's leading candidates, each checked, then timed in interleaved rounds."""
+    kc, vc, table, lens, q, out, ref, floor_us = paged_case(D, H, Hkv, batch, context)
+    case = (D, H, Hkv, batch, context, (kc, vc, table, lens, q, out))
+    name = f"d={D} kv={Hkv} batch={batch} ctx={context}"
+    runs = {}
+    for body, bn, w, st, ps in configs[D]:
+        key = f"{body} bn={bn} w={w} st={st} ps={ps}"
+        run = decode_run(case, body, bn, w, st, ps)
+        out.fill_(float("nan"))
+        run()
+        err = rel_err(out, ref)
+        if err < 2e-2:
+            runs[key] = run
+        else:
+            log(f"  {name} {key}: rel err {err}")
+    times = per_round(runs, rounds)
+    for key, t in times.items():
+        us = statistics.median(t) * 1e3
+        RES[res_key].append({"case": name, "config": key, "us": us, "rounds_us": [x * 1e3 for x in t],
+                                  "floor_us": floor_us, "x_floor": us / floor_us})  # fmt: skip
+        log(f"  {name} {key}: {us:.1f} us ({us / floor_us:.3f}x floor, {floor_us / us:.3f} of copy), rounds "
+            + " ".join(f"{x * 1e3:.1f}" for x in t))  # fmt: skip
     save()
 
 
@@ -1506,6 +1517,152 @@ def flush_phase():
         save()
 
 
+# ---------------------------------------------------------------------------------------
+# 8. MoE decode: the simt kernels unrolled, and chained by programmatic dependent launch
+
+
+@triton.jit
+def _simt_up8(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
+              stride_hm, stride_hn, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              UNROLL: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    # Prototype: policy_runtime.moe._simt_up (SiLU) with its K loop unrolled UNROLL times; PDL:
+    # waits for the routing kernel's ids, then lets the down kernel launch.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + offs_k * stride_xk
+    g_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    u_ptrs = g_ptrs + N * stride_wn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+        if EVEN_K:
+            a = tl.load(a_ptrs + k0 * stride_xk)
+            g = tl.load(g_ptrs + k0 * stride_wk)
+            u = tl.load(u_ptrs + k0 * stride_wk)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs + k0 * stride_xk, mask=k_ok, other=0.0)
+            g = tl.load(g_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0)
+        a = a.to(tl.float32)[None, :]
+        acc_g += g.to(tl.float32) * a
+        acc_u += u.to(tl.float32) * a
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + r.to(tl.int64) * stride_hm + offs_n * stride_hn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _simt_down8(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk, stride_we, stride_wn,
+                stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                UNROLL: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    # Prototype: policy_runtime.moe._simt_down with its loop unrolled UNROLL times, the expert ids
+    # and weights (the routing's, complete before the up kernel let this one launch) read up front;
+    # PDL: the first weight slab is loaded before waiting for the up kernel's rows.
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+    steps = top_k * k_tiles
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    expert = tl.load(ids_ptr + t * top_k).to(tl.int64)
+    b_first = tl.load(w_ptr + expert * stride_we + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                      mask=(offs_k < K)[None, :], other=0.0)  # fmt: skip
+    if PDL:
+        gdc_wait()
+    for it in tl.range(0, steps, loop_unroll_factor=UNROLL):
+        r = t * top_k + it // k_tiles
+        k0 = (it % k_tiles) * BLOCK_K
+        e = tl.load(ids_ptr + r).to(tl.int64)
+        weight = tl.load(weights_ptr + r).to(tl.float32)
+        a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + (k0 + offs_k) * stride_hk
+        b_ptrs = w_ptr + e * stride_we + cols[:, None] * stride_wn + (k0 + offs_k)[None, :] * stride_wk
+        k_ok = offs_k < K - k0
+        if it == 0:
+            b = b_first
+        elif EVEN_K:
+            b = tl.load(b_ptrs)
+        else:
+            b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
+        a = tl.load(a_ptrs, mask=k_ok, other=0.0)
+        acc += b.to(tl.float32) * (a.to(tl.float32) * weight)[None, :]
+    o = tl.sum(acc, axis=1)
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n * stride_on, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def moe_case8(shape, T):
+    import generated.moe as G
+
+    E, H, inter, k = MOE_SHAPES[shape]
+    x, w1, w2, logits = moe_data(shape, T)
+    out = torch.empty(T, H, device=DEV, dtype=DT)
+    ww, ii = G.topk_softmax(logits, k, True)
+    G.fused_moe(x, w1, w2, ww, ii, out=out, hw=HW)
+    ref = out.float().clone()
+    wbytes = ii.unique().numel() * 3 * H * inter * 2
+    copy = copy_tbps(1 << 30)
+    name = f"{shape} T={T}"
+    numel = T * k
+    h = torch.empty(numel, inter, device=DEV, dtype=DT)
+    wf = torch.empty(numel, device=DEV)
+    idf = torch.empty(numel, dtype=torch.int32, device=DEV)
+    e_block = triton.next_power_of_2(E)
+
+    def chain(unroll, pdl, bn_up=8, bn_down=8, bk=512):
+        def run():
+            _topk_trig[(T,)](logits, wf, idf, T, E, k, logits.stride(0), logits.stride(1), RENORMALIZE=True,
+                             BLOCK_T=1, E_BLOCK=e_block, K_BLOCK=triton.next_power_of_2(k), TRIG=pdl,
+                             num_warps=1)  # fmt: skip
+            _simt_up8[(numel, triton.cdiv(inter, bn_up))](
+                x, w1, h, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(), H % bk == 0,
+                BLOCK_N=bn_up, BLOCK_K=bk, UNROLL=unroll, PDL=pdl, num_warps=4, num_stages=1,
+                **({"launch_pdl": True} if pdl else {}))  # fmt: skip
+            _simt_down8[(T, triton.cdiv(H, bn_down))](
+                h, w2, out, wf, idf, H, inter, k, *h.stride(), *w2.stride(), *out.stride(), inter % bk == 0,
+                BLOCK_N=bn_down, BLOCK_K=bk, UNROLL=unroll, PDL=pdl, num_warps=4, num_stages=1,
+                **({"launch_pdl": True} if pdl else {}))  # fmt: skip
+
+        return run
+
+    def current():
+        a, b = G.topk_softmax(logits, k, True)
+        G.fused_moe(x, w1, w2, a, b, out=out, hw=HW)
+
+    runs = {"current": current}
+    for unroll, pdl, bn_down in itertools.product([1, 2, 4], [False, True], [8, 4]):
+        runs[f"simt unroll={unroll} pdl={pdl} bn_down={bn_down}"] = chain(unroll, pdl, bn_down=bn_down)
+    good = {}
+    for key, fn in runs.items():
+        try:
+            out.fill_(float("nan"))
+            fn()
+            err = rel_err(out, ref)
+            if err < 2e-2:
+                good[key] = fn
+            else:
+                log(f"  {name} {key}: rel err {err}")
+        except Exception as e:  # noqa: BLE001
+            RES["moe8"].append({"case": name, "config": key, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            log(f"  {name} {key}: {type(e).__name__}: {str(e)[:200]}")
+    times = per_round(good, 3)
+    for key, t in times.items():
+        us = statistics.median(t) * 1e3
+        frac = wbytes / (us * 1e-6) / (copy * 1e12)
+        RES["moe8"].append(
+            {"case": name, "config": key, "us": us, "rounds_us": [x * 1e3 for x in t], "frac_copy": frac}
+        )
+        log(f"  {name} {key}: {us:.1f} us ({frac:.3f} of copy)")
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -1524,8 +1681,23 @@ def main():
         3: (att_case3, None),
         4: (att_case4, moe_case4),
         5: (None, moe_case5),
+        7: (att_case7, None),
+        8: (None, moe_case8),
+        9: (att_case9, None),
     }[ARGS.phase]
     cases = ATT_CASES
+    if ARGS.phase == 7:
+        cases = [
+            (D, H, Hkv, b, c)
+            for D, H, Hkv in ((128, 32, 8), (256, 16, 4))
+            for b, c in ((1, 32768), (8, 8192), (8, 32768), (32, 8192))
+        ]
+    if ARGS.phase == 9:
+        cases = [
+            (D, H, Hkv, b, c)
+            for D, H, Hkv in ((128, 32, 8), (256, 16, 4))
+            for b, c in ((1, 4096), (1, 8192), (1, 32768), (2, 16384), (4, 8192), (8, 8192))
+        ]
     if ARGS.phase == 3:
         cases = [
             (D, H, Hkv, b, c)
@@ -1535,7 +1707,7 @@ def main():
     if att is not None and ARGS.only in (None, "attention"):
         jobs += [(att, c) for c in cases]
     if moe is not None and ARGS.only in (None, "moe"):
-        jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ((1, 4, 16) if ARGS.phase == 5 else (1, 4))]
+        jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ((1, 4, 16) if ARGS.phase in (5, 8) else (1, 4))]
     for fn, args in jobs:
         try:
             fn(*args)
