@@ -642,6 +642,11 @@ class Attention:
             v1_limit = min(v1_limit, cfg.partition_size)
         ps = cfg.partition_size
         parts = 1 if bound <= v1_limit else triton.cdiv(bound, ps)
+        # A V2 launch with fewer programs than one wave of resident ones leaves memory bandwidth
+        # unused: its partitions halve (down to v2_min_partition tokens) until it fills the wave.
+        while 1 < parts and S * Hkv * parts < lcfg.v2_min_programs and ps // 2 >= lcfg.v2_min_partition:
+            ps //= 2
+            parts = triton.cdiv(bound, ps)
         if parts > _MAX_GRID_YZ or Hkv > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
             raise ValueError(f"decode_attention: {parts} partitions of {H} heads exceed the launch grid")
         if parts > 1:

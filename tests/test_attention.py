@@ -323,6 +323,40 @@ def test_a_call_with_too_few_programs_splits_v1_lengths_into_partitions(monkeypa
         assert sel.launch.v1_min_programs == HARDWARE[target].sm_count
 
 
+def test_a_v2_launch_with_too_few_programs_halves_its_partitions(monkeypatch):
+    """Partitions of 32 tokens (small_config) over a 130-token bound: 5 per sequence.  Where the
+    launch needs more programs than 2 sequences x 2 KV heads x 5, they halve (down to
+    v2_min_partition), the merge is told the partition the decode kernel used, and the result
+    matches the reference (run_decode)."""
+    merges = []
+    merge = rt._merge
+
+    class Merge:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                merges.append(args[7:9])  # partition_size, max_parts
+                return merge[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(rt, "_merge", Merge())
+    cfg = small_config(pytorch_decode_threshold=4096)
+    lens = [130, 77]
+    # (v2_min_programs, v2_min_partition) -> the merge's (partition, partitions): 20 programs at 32
+    # tokens, 36 at 16, 68 at 8.
+    for min_programs, min_partition, want in ((20, 16, (32, 5)), (21, 16, (16, 9)), (40, 16, (16, 9)),
+                                              (40, 8, (8, 17)), (10**6, 8, (8, 17)), (0, 16, (32, 5))):  # fmt: skip
+        launch = launch_record(v1_min_programs=0, v2_min_programs=min_programs, v2_min_partition=min_partition)
+        run_decode(None, torch.float32, lens, 16, 4, 2, 64, cfg, launch)
+        assert merges[-1] == want, (min_programs, min_partition)
+    # The generated records ask for one wave of resident programs, down to two key tiles.
+    for target in TARGETS:
+        for head_dim in at.HEAD_DIMS:
+            rec = at.select(torch.float16, head_dim, hw=target).launch
+            assert rec.v2_min_programs == rec.programs_per_sm * HARDWARE[target].sm_count
+            assert rec.v2_min_partition == 2 * rec.block_n
+
+
 def test_the_pytorch_path_tiles_follow_grid_even_share(monkeypatch):
     """130 tokens in blocks of 16: 9 blocks, tiles of at most 2 blocks -> 5 tiles (2, 2, 2, 2, 1),
     each gathered once; the merged result matches the reference (run_decode)."""
