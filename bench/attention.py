@@ -73,6 +73,7 @@ from bench.runlog import RunLog  # noqa: E402
 from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import attention as at  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
+from policy_runtime.attention import decode_plan  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
@@ -375,13 +376,11 @@ def paged_cache(batch, context, Hkv, head_dim):
 
 
 def decode_path(sel, batch, context, Hkv):
-    cfg, launch = sel.config, sel.launch
-    v1_limit = (
-        cfg.v1_v2_threshold if batch * Hkv >= launch.v1_min_programs else min(cfg.v1_v2_threshold, cfg.partition_size)
-    )
-    if context > cfg.pytorch_decode_threshold:
+    """The path decode_attention takes for equal lengths of ``context`` tokens (its own plan)."""
+    if context > sel.config.pytorch_decode_threshold:
         return "pytorch"
-    return "V1" if context <= v1_limit else f"V2 ({-(-context // cfg.partition_size)} partitions)"
+    _, partition, parts = decode_plan(batch, Hkv, context, sel.config, sel.launch)
+    return "V1" if parts == 1 else f"V2 ({parts} partitions of {partition})"
 
 
 def phase_decode():

@@ -635,18 +635,7 @@ class Attention:
                 native(out=out, query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
                        seq_lens=seq_lens, scale=sm_scale, max_seq_len=bound)
             return
-        v1_limit = cfg.v1_v2_threshold
-        if S * Hkv < lcfg.v1_min_programs:
-            # Too few (sequence, KV head) programs to fill the part: split every sequence longer
-            # than one partition.
-            v1_limit = min(v1_limit, cfg.partition_size)
-        ps = cfg.partition_size
-        parts = 1 if bound <= v1_limit else triton.cdiv(bound, ps)
-        # A V2 launch with fewer programs than one wave of resident ones leaves memory bandwidth
-        # unused: its partitions halve (down to v2_min_partition tokens) until it fills the wave.
-        while 1 < parts and S * Hkv * parts < lcfg.v2_min_programs and ps // 2 >= lcfg.v2_min_partition:
-            ps //= 2
-            parts = triton.cdiv(bound, ps)
+        v1_limit, ps, parts = decode_plan(S, Hkv, bound, cfg, lcfg)
         if parts > _MAX_GRID_YZ or Hkv > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
             raise ValueError(f"decode_attention: {parts} partitions of {H} heads exceed the launch grid")
         if parts > 1:
@@ -680,6 +669,26 @@ class Attention:
                 )  # fmt: skip
 
         _launch_on(query, run)
+
+
+def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int, int, int]:
+    """(v1_limit, partition, partitions) of a Triton decode launch of S sequences and Hkv KV heads
+    whose lengths are at most ``bound``, by its AttentionConfig and AttentionLaunch records: the
+    sequences of at most v1_limit tokens run V1 (one program each), longer ones V2 in partitions
+    of ``partition`` tokens; ``partitions`` is 1 where every sequence is V1."""
+    v1_limit = cfg.v1_v2_threshold
+    if S * Hkv < lcfg.v1_min_programs:
+        # Too few (sequence, KV head) programs to fill the part: split every sequence longer
+        # than one partition.
+        v1_limit = min(v1_limit, cfg.partition_size)
+    ps = cfg.partition_size
+    parts = 1 if bound <= v1_limit else triton.cdiv(bound, ps)
+    # A V2 launch with fewer programs than one wave of resident ones leaves memory bandwidth
+    # unused: its partitions halve (down to v2_min_partition tokens) until it fills the wave.
+    while 1 < parts and S * Hkv * parts < lcfg.v2_min_programs and ps // 2 >= lcfg.v2_min_partition:
+        ps //= 2
+        parts = triton.cdiv(bound, ps)
+    return v1_limit, ps, parts
 
 
 _UNUSED: dict[torch.device, torch.Tensor] = {}

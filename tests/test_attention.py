@@ -324,7 +324,7 @@ def test_a_call_with_too_few_programs_splits_v1_lengths_into_partitions(monkeypa
 
 
 def test_a_v2_launch_with_too_few_programs_halves_its_partitions(monkeypatch):
-    """Partitions of 32 tokens (small_config) over a 130-token bound: 5 per sequence.  Where the
+    """Partitions of 32 tokens (small_config): 5 per sequence of the launch's bound.  Where the
     launch needs more programs than 2 sequences x 2 KV heads x 5, they halve (down to
     v2_min_partition), the merge is told the partition the decode kernel used, and the result
     matches the reference (run_decode)."""
@@ -342,13 +342,15 @@ def test_a_v2_launch_with_too_few_programs_halves_its_partitions(monkeypatch):
     monkeypatch.setattr(rt, "_merge", Merge())
     cfg = small_config(pytorch_decode_threshold=4096)
     lens = [130, 77]
-    # (v2_min_programs, v2_min_partition) -> the merge's (partition, partitions): 20 programs at 32
-    # tokens, 36 at 16, 68 at 8.
-    for min_programs, min_partition, want in ((20, 16, (32, 5)), (21, 16, (16, 9)), (40, 16, (16, 9)),
-                                              (40, 8, (8, 17)), (10**6, 8, (8, 17)), (0, 16, (32, 5))):  # fmt: skip
+    # The launch's bound: the longest length where they are on the host (CPU tensors), else the
+    # block table's capacity (10 blocks of 16).  (v2_min_programs, v2_min_partition) -> the
+    # partition used: 2 x 2 x 5 programs at 32 tokens; at 16, 36 (CPU) or 40; at 8, 68 or 80.
+    bound = 160 if GPU else 130
+    for min_programs, min_partition, want in ((20, 16, 32), (21, 16, 16), (40, 16, 16), (41, 8, 8), (10**6, 8, 8),
+                                              (0, 16, 32)):  # fmt: skip
         launch = launch_record(v1_min_programs=0, v2_min_programs=min_programs, v2_min_partition=min_partition)
         run_decode(None, torch.float32, lens, 16, 4, 2, 64, cfg, launch)
-        assert merges[-1] == want, (min_programs, min_partition)
+        assert merges[-1] == (want, -(-bound // want)), (min_programs, min_partition)
     # The generated records ask for one wave of resident programs, down to two key tiles.
     for target in TARGETS:
         for head_dim in at.HEAD_DIMS:
