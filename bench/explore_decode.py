@@ -25,10 +25,11 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            slabs, no shared memory, no padding rows) over a grid of constants, each alone and the
            best pair end to end; topk_softmax with value and index packed in one int64 key (one
            reduction a pick); the time of an empty kernel (the floor of one launch).  T = 1, 4, 16.
---phase 6  the L2 flush before each timed run: gpu_ms zeroes 256 MiB, which leaves the L2 full of
+--phase 6  the L2 flush before each timed run: gpu_ms zeroed 256 MiB, which leaves the L2 full of
            dirty lines that the timed kernel's first reads must write back.  The decode cases, a
            plain read and copies of their bytes, timed after each kind of flush: "zero" (as
-           gpu_ms), "read" (a sum over the 256 MiB: the L2 left cold and clean), "zero+read".
+           gpu_ms did), "read" (a sum over 256 MiB: the L2 left cold and clean; gpu_ms's since),
+           "zero+read".
 --phase 7  phase 3's leading candidates for both decode targets (on the reading flush), each timed
            in 5 interleaved rounds: batch 1 at 32k, batch 8 at 8k and 32k, batch 32 at 8k.
 --phase 8  MoE decode: the simt kernels with their loops unrolled (1, 2, 4), chained by
@@ -61,7 +62,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: 
 from policy_runtime import attention as A  # noqa: E402
 from policy_runtime import moe as M  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
-from policy_runtime.timing import gpu_ms, per_round, rel_err  # noqa: E402
+from policy_runtime.timing import flush_l2, gpu_ms, per_round, rel_err  # noqa: E402
 from policy_runtime.tuning import BoundKernel  # noqa: E402
 
 AP = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1425,27 +1426,22 @@ def _read_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), tl.sum(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
 
 
-def timed(fn, mode, reps=50):
-    """gpu_ms with the flush of ``mode``: "zero" (gpu_ms's), "read", or "zero+read"."""
-    import statistics
+_ZEROED: list = []
 
-    flush = torch.empty(256 << 20, dtype=torch.int8, device=DEV)
-    words = flush.view(torch.int32)
-    for _ in range(5):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
+
+def flush_of(mode):
+    """The L2 flush of ``mode`` for gpu_ms: "zero" (zeroing 256 MiB, as gpu_ms did before phase 6 and as
+    do_bench does), "read" (gpu_ms's own: flush_l2), or "zero+read" (one then the other)."""
+    if not _ZEROED:
+        _ZEROED.append(torch.empty(256 << 20, dtype=torch.int8, device=DEV))
+
+    def flush():
         if "zero" in mode:
-            flush.zero_()
+            _ZEROED[0].zero_()
         if "read" in mode:
-            words.sum()
-        torch.cuda._sleep(300_000)
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+            flush_l2()
+
+    return flush
 
 
 def flush_cases():
@@ -1509,7 +1505,7 @@ def flush_phase():
         for name, fn, nbytes in cases:
             row = {"case": name, "bytes": nbytes, "round": r}
             for mode in ("zero", "read", "zero+read"):
-                row[mode] = timed(fn, mode)
+                row[mode] = gpu_ms(fn, reps=50, flush=flush_of(mode)) * 1e3
             RES["flush"].append(row)
             tb = {m: nbytes / (row[m] * 1e-6) / 1e12 for m in ("zero", "read", "zero+read")} if nbytes else {}
             log(f"{name} (round {r}): " + ", ".join(f"{m} {row[m]:.1f} us" + (f" {tb[m]:.2f} TB/s" if tb else "")

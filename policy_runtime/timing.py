@@ -43,15 +43,16 @@ def flush_l2() -> None:
     torch.sum(_FLUSH[0], dim=0, out=_FLUSH[1])
 
 
-def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5) -> float:
-    """Median GPU milliseconds of ``fn`` over ``reps`` runs, each after a 256 MiB L2 flush (a read:
-    ``flush_l2``), with a GPU sleep between the flush and the start event."""
+def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5, flush: Callable[[], None] = flush_l2) -> float:
+    """Median GPU milliseconds of ``fn`` over ``reps`` runs, each after an L2 flush (``flush_l2``'s
+    read of 256 MiB unless ``flush`` is another), with a GPU sleep between the flush and the start
+    event."""
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
-        flush_l2()
+        flush()
         torch.cuda._sleep(SLEEP_CYCLES)
         starts[i].record()
         fn()
