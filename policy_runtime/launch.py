@@ -83,6 +83,22 @@ def _quietly(fn: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Programmatic dependent launch
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_device(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _programmatic(t: torch.Tensor) -> bool:
+    """Can kernels on ``t``'s device be launched as programmatic dependent launches (CUDA's PDL:
+    ``griddepcontrol``, NVIDIA compute capability 9.0 and later)?  Not under the interpreter, and
+    not on ROCm, whose torch reports a gfx number as the capability."""
+    return t.is_cuda and not _INTERPRET and torch.version.hip is None and _pdl_device(t.get_device())
+
+
+# ----------------------------------------------------------------------------------------------
 # Launches, and warm-up's compile-only scope
 
 # A launch handler: (kernel, grid, args, kwargs) -> None.

@@ -26,12 +26,18 @@ Kernel kinds (the ``kernel`` field of a bucket):
              (``fuse_sum`` always, deterministic).  The row rides in a 16-row tensor-core tile
              (the rest zero) so that Triton pipelines the weight loads: at a few tokens the GEMMs
              stream weights, and two launches replace four or five.
-``simt``     decode, as ``gemv`` (the same grids, the same slot-order sum) on the CUDA cores:
-             each step loads a ``block_size_n`` x ``block_size_k`` slab of weights into registers
-             and multiplies it by the row elementwise into fp32 accumulators of the slab's shape,
-             reduced over K at the end.  No shared memory and no padding rows, so a program is
-             small and several share an SM: at one token, where the tensor-core tile is 15/16
-             padding, the layer runs in 0.8x the gemv's time on an H200.
+``simt``     decode on the CUDA cores, no alignment.  The up kernel as ``gemv``'s grid: each step
+             loads a ``block_size_n`` x ``block_size_k`` slab of weights into registers and
+             multiplies it by the row elementwise into fp32 accumulators of the slab's shape,
+             reduced over K at the end.  The down kernel: one token a program, a
+             ``down_block_size_k`` chunk of ``down_block_size_n`` rows of all k experts' w2 at
+             once, the next chunk loaded before this one is used; the k sums are weighted and
+             added in a fixed order (deterministic).  No shared memory and no padding rows, so a
+             program is small and several share an SM: at one token, where the tensor-core tile is
+             15/16 padding, the layer ran in 0.8x the gemv's time on an H200.  ``chained``: both
+             are programmatic dependent launches (Hopper and later; ``launch._programmatic``):
+             each is resident before the kernel before it ends, and waits on the device
+             (griddepcontrol) before it reads that kernel's output; topk_softmax lets them start.
 
 Arithmetic is fp32; the up GEMM's activation is rounded once to the input dtype (as vLLM's
 intermediate cache), the output once.  Index arithmetic that reaches into the weights or the
@@ -47,6 +53,7 @@ from typing import Any, Callable, Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import launch as _launch
 
@@ -255,12 +262,18 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
 @triton.jit
 def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
              stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1), on
     # the CUDA cores: each step loads a BLOCK_N x BLOCK_K slab of both halves into registers and
     # multiplies it by the row elementwise into fp32 accumulators of the slab's shape, which are
     # reduced over K once, at the end.  No shared memory and no padding rows: every byte loaded
     # is a weight the row needs, and a program is small enough that several share an SM.
+    # PDL (launched as a programmatic dependent launch): wait until the kernel before (the router)
+    # has finished and its writes are visible, then let the down kernel launch; nothing is read
+    # before the wait.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     r = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = (offs_n % N).to(tl.int64)
@@ -298,41 +311,42 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
 
 @triton.jit
 def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
-               stride_we, stride_wn, stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # One token t per program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores as
-    # _simt_up: one flat loop over (expert slot j, K step), the weighted row h[t * k + j] times a
-    # BLOCK_N x BLOCK_K slab of w[e] into fp32 accumulators of the slab's shape (each element
-    # summed in slot order), reduced over K at the end.  The next step's expert id and weight are
-    # read a step ahead, so that a slab's address never waits on a load of its own step.
+               stride_we, stride_wn, stride_wk, stride_om, stride_on, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):
+    # One token t per program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores: each
+    # step loads a K chunk of the BLOCK_N weight rows of all the token's k experts at once (a
+    # [KB, BLOCK_N, BLOCK_K] slab, KB = k padded to a power of two) and the next chunk before it
+    # multiplies this one by the k rows of h, reducing over the chunk into fp32 [KB, BLOCK_N]
+    # accumulators; the routing weights scale the k sums at the end, added in a fixed order (the
+    # same every run).  Against one expert a step, a program keeps k times the bytes in flight: alone
+    # at one token on an H200 (4 x 128 chunks, 4 warps) 12.4 against 13.1 us (qwen36) and 12.1 against
+    # 17.1 us (128 experts x 768) (bench/results/h200_explore_decode11.*).
+    # PDL: the ids (written by the router, finished before the up kernel let this one launch; read
+    # past L1) and the first chunk are loaded before waiting for the up kernel, h after.
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = (offs_n % N).to(tl.int64)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
-    steps = top_k * k_tiles
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    expert = tl.load(ids_ptr + t * top_k).to(tl.int64)
-    weight = tl.load(weights_ptr + t * top_k).to(tl.float32)
-    for it in range(0, steps):
-        r = t * top_k + it // k_tiles
-        k0 = (it % k_tiles) * BLOCK_K
-        r_next = t * top_k + tl.minimum(it + 1, steps - 1) // k_tiles
-        expert_next = tl.load(ids_ptr + r_next).to(tl.int64)
-        weight_next = tl.load(weights_ptr + r_next).to(tl.float32)
-        a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + (k0 + offs_k) * stride_hk
-        b_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + (k0 + offs_k)[None, :] * stride_wk
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_ok = offs_k < K - k0
-            a = tl.load(a_ptrs, mask=k_ok, other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
-        acc += b.to(tl.float32) * (a.to(tl.float32) * weight)[None, :]
-        expert = expert_next
-        weight = weight_next
-    o = tl.sum(acc, axis=1)
+    w_ptrs = w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn + offs_k[None, None, :] * stride_wk
+    w_ok = slot_ok[:, None, None]
+    b = tl.load(w_ptrs, mask=w_ok & (offs_k < K)[None, None, :], other=0.0)
+    if PDL:
+        gdc_wait()
+    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
+    acc = tl.zeros((KB, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+        b_next = tl.load(w_ptrs + BLOCK_K * stride_wk, mask=w_ok & (offs_k < K - k0 - BLOCK_K)[None, None, :], other=0.0)
+        acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+        b = b_next
+        a_ptrs += BLOCK_K * stride_hk
+        w_ptrs += BLOCK_K * stride_wk
+    o = tl.sum(acc * weight[:, None], axis=0)
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n * stride_on, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
@@ -415,9 +429,13 @@ def _align_scatter(ids_ptr, counts_ptr, sorted_ptr, experts_ptr, post_pad_ptr, n
 @triton.jit(do_not_specialize=["T"])
 def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le,
                          RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr,
-                         K_BLOCK: tl.constexpr):
+                         K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
     # BLOCK_T tokens per program: softmax over the E logits in fp32, then k times the largest
-    # remaining probability (the lowest expert index among equals).
+    # remaining probability (the lowest expert index among equals).  TRIGGER (Hopper and later):
+    # a kernel launched after this one as a programmatic dependent launch (fused_moe's chained up
+    # GEMM) may start now; it waits on the device for this kernel to finish before it reads.
+    if TRIGGER:
+        gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     ex = tl.arange(0, E_BLOCK)
     in_t = rows < T
@@ -466,6 +484,13 @@ class Variant:
     num_warps: int
     num_stages: int
     fuse_sum: bool
+    # The down GEMM's own tile and warps (the spec's down_* fields; equal to the up GEMM's unless
+    # the record says otherwise).
+    down_block_n: int
+    down_block_k: int
+    down_num_warps: int
+    # simt: both GEMMs launched as programmatic dependent launches where the device has them.
+    chained: bool = False
 
     @property
     def name(self) -> str:
@@ -490,16 +515,34 @@ class Variant:
         k = numel // T
         h = torch.empty((numel, inter), dtype=x.dtype, device=x.device)
         opts = dict(num_warps=self.num_warps, num_stages=self.num_stages)
-        if self.kind in ("gemv", "simt"):
+        down_opts = dict(num_warps=self.down_num_warps, num_stages=self.num_stages)
+        if self.kind == "simt":
+            # Chained: the up kernel waits on the device for the kernel before it (the router) and
+            # releases the down kernel as it starts; the down kernel loads its first weights, then
+            # waits for the up kernel.  Each launch returns at once; nothing syncs with the host.
+            pdl = self.chained and _launch._programmatic(x)
+            chain = dict(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+            _launch._launch_kernel(
+                self.up, (numel, triton.cdiv(inter, self.block_n)),
+                x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
+                act, H % self.block_k == 0, **chain, **opts,
+            )  # fmt: skip
+            _launch._launch_kernel(
+                self.down, (T, triton.cdiv(H, self.down_block_n)),
+                h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
+                KB=_launch._pow2ceil(k), **chain, **down_opts,
+            )  # fmt: skip
+            return
+        if self.kind == "gemv":
             _launch._launch_kernel(
                 self.up, (numel, triton.cdiv(inter, self.block_n)),
                 x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
                 act, H % self.block_k == 0, **opts,
             )  # fmt: skip
             _launch._launch_kernel(
-                self.down, (T, triton.cdiv(H, self.block_n)),
+                self.down, (T, triton.cdiv(H, self.down_block_n)),
                 h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
-                inter % self.block_k == 0, **opts,
+                inter % self.down_block_k == 0, **down_opts,
             )  # fmt: skip
             return
         sorted_ids, expert_ids, post_pad = _align(ids, self.block_m, num_experts)
@@ -511,7 +554,7 @@ class Variant:
             x, w1, h, sorted_ids, expert_ids, post_pad, numel, blocks, inter, H, k,
             x.stride(0), x.stride(1), *w1.stride(), *h.stride(), act, H % self.block_k == 0, **opts,
         )  # fmt: skip
-        grid = (blocks * triton.cdiv(H, self.block_n),)
+        grid = (blocks * triton.cdiv(H, self.down_block_n),)
         if self.fuse_sum:
             # In warm-up's compile-only scope nothing runs, and out is left as it was.
             compiling = _launch._compiling()
@@ -522,7 +565,7 @@ class Variant:
             _launch._launch_kernel(
                 self.down, grid,
                 h, w2, acc, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
-                *h.stride(), *w2.stride(), *acc.stride(), inter % self.block_k == 0, **opts,
+                *h.stride(), *w2.stride(), *acc.stride(), inter % self.down_block_k == 0, **down_opts,
             )  # fmt: skip
             if acc is not out and not compiling:
                 out.copy_(acc)
@@ -532,7 +575,7 @@ class Variant:
         _launch._launch_kernel(
             self.down, grid,
             h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
-            *h.stride(), *w2.stride(), *rows.stride(), inter % self.block_k == 0, **opts,
+            *h.stride(), *w2.stride(), *rows.stride(), inter % self.down_block_k == 0, **down_opts,
         )  # fmt: skip
         if k > 1:
             block_n = min(_SUM_BLOCK, _launch._pow2ceil(H))
@@ -730,7 +773,8 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
         _launch._launch_kernel(
             _topk_softmax_kernel, (triton.cdiv(T, block_t),),
             x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
-            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k), num_warps=warps,
+            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k),
+            TRIGGER=_launch._programmatic(x), num_warps=warps,
         )  # fmt: skip
     return weights, ids
 

@@ -23,20 +23,21 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
     """The runtime ``Variant`` of a ``MoELaunchConfig`` record, as generated/moe.py builds one."""
     prec = "ieee" if dtype_bytes == 4 else "tf32"
     n, k = record["block_size_n"], record["block_size_k"]
+    dn, dk = record["down_block_size_n"], record["down_block_size_k"]
     if record["kernel"] == "gemv":
-        consts = dict(BLOCK_N=n, BLOCK_K=k, DOT_PREC=prec)
-        up = BoundKernel(_moe._gemv_up, "candidate_gemv_up", consts)
-        down = BoundKernel(_moe._gemv_down, "candidate_gemv_down", consts)
+        up = BoundKernel(_moe._gemv_up, "candidate_gemv_up", dict(BLOCK_N=n, BLOCK_K=k, DOT_PREC=prec))
+        down = BoundKernel(_moe._gemv_down, "candidate_gemv_down", dict(BLOCK_N=dn, BLOCK_K=dk, DOT_PREC=prec))
     elif record["kernel"] == "simt":
-        consts = dict(BLOCK_N=n, BLOCK_K=k)
-        up = BoundKernel(_moe._simt_up, "candidate_simt_up", consts)
-        down = BoundKernel(_moe._simt_down, "candidate_simt_down", consts)
+        up = BoundKernel(_moe._simt_up, "candidate_simt_up", dict(BLOCK_N=n, BLOCK_K=k))
+        down = BoundKernel(_moe._simt_down, "candidate_simt_down", dict(BLOCK_N=dn, BLOCK_K=dk))
     else:
-        consts = dict(
-            BLOCK_M=record["block_size_m"], BLOCK_N=n, BLOCK_K=k, GROUP_M=record["group_size_m"], DOT_PREC=prec
+        rows = dict(BLOCK_M=record["block_size_m"], GROUP_M=record["group_size_m"], DOT_PREC=prec)
+        up = BoundKernel(_moe._grouped_up, "candidate_grouped_up", dict(rows, BLOCK_N=n, BLOCK_K=k))
+        down = BoundKernel(
+            _moe._grouped_down,
+            "candidate_grouped_down",
+            dict(rows, BLOCK_N=dn, BLOCK_K=dk, FUSE_SUM=record["fuse_sum"]),
         )
-        up = BoundKernel(_moe._grouped_up, "candidate_grouped_up", consts)
-        down = BoundKernel(_moe._grouped_down, "candidate_grouped_down", dict(consts, FUSE_SUM=record["fuse_sum"]))
     return _moe.Variant(
         up=up,
         down=down,
@@ -48,6 +49,10 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
         num_warps=record["num_warps"],
         num_stages=record["num_stages"],
         fuse_sum=record["fuse_sum"],
+        down_block_n=dn,
+        down_block_k=dk,
+        down_num_warps=record["down_num_warps"],
+        chained=record["chained"],
     )
 
 

@@ -22,16 +22,33 @@ KERNEL_FIELDS = (
     "num_warps",
     "num_stages",
     "fuse_sum",
+    "down_block_size_n",
+    "down_block_size_k",
+    "down_num_warps",
+    "chained",
 )
+
+
+def _down_differs(c: dict[str, Any]) -> bool:
+    return (c["down_block_size_n"], c["down_block_size_k"], c["down_num_warps"]) != (
+        c["block_size_n"],
+        c["block_size_k"],
+        c["num_warps"],
+    )
 
 
 def kernel_name(tag: str, c: dict[str, Any]) -> str:
     """``_moe_16bit_grouped_16x64x64_g1_w4_s3_sum``: the kernels' constants, spelt out (the up and
-    down kernels add ``_up`` and ``_down``)."""
+    down kernels add ``_up`` and ``_down``); a down GEMM with its own tile adds
+    ``_down4x128_w4``, chained launches ``_pdl``."""
     name = f"_moe_{tag}_{c['kernel']}_{c['block_size_m']}x{c['block_size_n']}x{c['block_size_k']}"
     name += f"_g{c['group_size_m']}_w{c['num_warps']}_s{c['num_stages']}"
     if c["fuse_sum"]:
         name += "_sum"
+    if _down_differs(c):
+        name += f"_down{c['down_block_size_n']}x{c['down_block_size_k']}_w{c['down_num_warps']}"
+    if c["chained"]:
+        name += "_pdl"
     return name
 
 
@@ -42,13 +59,23 @@ def kernel_summary(c: dict[str, Any]) -> str:
             f"gemv: one routed row a program in 16-row tiles, {c['block_size_n']} columns, K steps of {c['block_size_k']}"
         ]
     elif c["kernel"] == "simt":
-        parts = [f"simt: one routed row a program on the CUDA cores, {c['block_size_n']}x{c['block_size_k']} slabs"]
+        parts = [
+            f"simt: one routed row a program on the CUDA cores, {c['block_size_n']}x{c['block_size_k']} slabs",
+            f"one token a program in the down GEMM, {c['down_block_size_n']} rows of every expert"
+            f" {c['down_block_size_k']} columns at a time",
+        ]
     else:
         parts = [
             f"grouped {c['block_size_m']}x{c['block_size_n']}x{c['block_size_k']} tiles of aligned expert blocks",
             f"groups of {c['group_size_m']} row blocks",
         ]
     parts += [f"{c['num_warps']} warps", f"{c['num_stages']} stage{'s' if c['num_stages'] > 1 else ''}"]
+    if _down_differs(c) and c["kernel"] != "simt":
+        parts.append(f"down GEMM {c['down_block_size_n']}x{c['down_block_size_k']} tiles")
+    if c["down_num_warps"] != c["num_warps"]:
+        parts.append(f"{c['down_num_warps']} warps in the down GEMM")
+    if c["chained"]:
+        parts.append("chained by programmatic dependent launch")
     if c["kernel"] == "grouped":
         parts.append("weighted sum by fp32 atomics" if c["fuse_sum"] else "weighted rows summed by a reduce")
     else:

@@ -100,7 +100,7 @@ def test_every_kernel_pair(name):
 
 @pytest.mark.parametrize("T, hw", [(2, "h200"), (9, "bi_v100")])
 def test_results_repeat_bit_for_bit(T, hw):
-    """The gemv and simt down kernels and the reduce sum a token's experts in slot order: two
+    """The gemv and simt down kernels and the reduce sum a token's experts in a fixed order: two
     calls give the same bits (the atomics of a fused grouped bucket would not promise that)."""
     v = M.select(T, dtype=torch.float16, hw=hw).variant
     assert v.kind in ("gemv", "simt") or not v.fuse_sum
@@ -118,26 +118,32 @@ def test_every_kernel_pair_serves_some_bucket_and_every_bucket_names_one():
     assert seen == set(M.VARIANTS)
 
 
-# Body constant -> the Variant field the launcher reads it from (grids, alignment).
+# Body constant -> the Variant field the launcher reads it from (grids, alignment), per GEMM.
 RECORD_FIELD_OF = {
-    "BLOCK_M": "block_m",
-    "BLOCK_N": "block_n",
-    "BLOCK_K": "block_k",
-    "GROUP_M": "group_m",
-    "FUSE_SUM": "fuse_sum",
+    "up": {"BLOCK_M": "block_m", "BLOCK_N": "block_n", "BLOCK_K": "block_k", "GROUP_M": "group_m"},
+    "down": {
+        "BLOCK_M": "block_m",
+        "BLOCK_N": "down_block_n",
+        "BLOCK_K": "down_block_k",
+        "GROUP_M": "group_m",
+        "FUSE_SUM": "fuse_sum",
+    },
 }
 
 
 def test_each_record_holds_the_constants_its_kernels_bake_in():
     for name, v in M.VARIANTS.items():
-        for kernel, body in ((v.up, f"_{v.kind}_up"), (v.down, f"_{v.kind}_down")):
+        for part, kernel in (("up", v.up), ("down", v.down)):
+            body = f"_{v.kind}_{part}"
             tree = ast.parse(inspect.getsource(kernel.fn))
             (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == body]
-            consts = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-            assert consts, name
-            assert {c: consts[c] for c in consts if c in RECORD_FIELD_OF} == {
-                c: getattr(v, RECORD_FIELD_OF[c]) for c in consts if c in RECORD_FIELD_OF
-            }, name
+            # Baked-in constants (literals); PDL and KB are passed through from the launch.
+            consts = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if isinstance(kw.value, ast.Constant)}
+            fields = RECORD_FIELD_OF[part]
+            assert {"BLOCK_N", "BLOCK_K"} <= set(consts), name
+            assert {c: consts[c] for c in consts if c in fields} == {
+                c: getattr(v, fields[c]) for c in consts if c in fields
+            }, (name, part)
             if "DOT_PREC" in consts:
                 assert consts["DOT_PREC"] == ("ieee" if "_fp32_" in name else "tf32"), name
         assert v.name == name and v.up.fn.__module__ == M.__name__
@@ -175,6 +181,66 @@ def test_a_new_T_in_a_compiled_bucket_compiles_nothing():
         before = [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
         M.fused_moe(*layer(T_next, 8, 16, torch.bfloat16), hw="h200")
         assert [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels] == before, bucket.name
+
+
+# ---------------------------------------------------------------------------------------
+# Chained launches (programmatic dependent launch, Hopper and later).
+
+
+def _launches(T, hw, dtype=torch.float16):
+    """(kernel name, constexpr PDL, launch_pdl) of each launch of topk_softmax + fused_moe, captured
+    by warm-up's compile-only scope (nothing runs)."""
+    from policy_runtime import launch
+
+    seen = []
+    inputs = layer(T, 4, 8, dtype, ids=torch.randint(0, 8, (T, 4), dtype=torch.int32))
+    logits = torch.randn(T, 8, device=DEVICE)
+    with launch._compile_only(lambda kernel, grid, args, kwargs: seen.append((kernel, kwargs))):
+        M.topk_softmax(logits, 4, True)
+        M.fused_moe(*inputs, hw=hw)
+    return [(k.__name__, kw.get("PDL", kw.get("TRIGGER")), kw.get("launch_pdl", False)) for k, kw in seen]
+
+
+def test_chained_buckets_launch_dependently_only_where_the_device_can(monkeypatch):
+    """h200's decode bucket is chained: on a device with programmatic dependent launch the router
+    lets its dependants start, and the up and down GEMMs are launched as dependants that wait on
+    the device; where it has none (the interpreter, ROCm, before 9.0) the same kernels launch
+    plainly.  An unchained bucket (the BI-V100's) never asks for it."""
+    from policy_runtime import launch
+
+    v = M.select(1, dtype=torch.float16, hw="h200").variant
+    assert v.kind == "simt" and v.chained
+    up, down = v.up.__name__, v.down.__name__
+    monkeypatch.setattr(launch, "_programmatic", lambda t: False)
+    assert _launches(1, "h200") == [("_topk_softmax_kernel", False, False), (up, False, False), (down, False, False)]
+    monkeypatch.setattr(launch, "_programmatic", lambda t: True)
+    assert _launches(1, "h200") == [("_topk_softmax_kernel", True, False), (up, True, True), (down, True, True)]
+    assert all(not pdl for name, _, pdl in _launches(1, "bi_v100"))
+
+
+@pytest.mark.skipif(not GPU, reason="programmatic dependent launch and CUDA graphs only on a GPU")
+def test_chained_decode_replays_from_a_cuda_graph():
+    """The chained decode layer (router included) captured once, replayed on new inputs: each
+    replay recomputes the right output (the dependencies captured as programmatic edges)."""
+    from policy_runtime.timing import captured
+
+    x, w1, w2, _, _ = layer(3, 8, 16, torch.bfloat16)
+    logits = torch.randn(3, 16, device=DEVICE)
+    out = torch.empty_like(x)
+
+    def step():
+        weights, ids = M.topk_softmax(logits, 8, True)
+        return M.fused_moe(x, w1, w2, weights, ids, out=out, hw="h200")
+
+    graph, _ = captured(step)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        logits.copy_(torch.randn_like(logits))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        weights, ids = M.topk_softmax(logits, 8, True)
+        check(out, reference(x, w1, w2, weights, ids), torch.bfloat16, "graph replay")
 
 
 # ---------------------------------------------------------------------------------------
@@ -474,9 +540,9 @@ def test_every_target_has_a_policy_for_both_dtype_classes():
 
 def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
     """moe_launch's checks run on every instantiation at build: more stages than the H200's shared
-    memory holds, a gemv bucket told not to sum in its down kernel, or a simt bucket given
-    pipeline stages, fail the build (exit 2, nothing written) with the file, the policy and the
-    figures."""
+    memory holds, a gemv bucket told not to sum in its down kernel or to chain its launches, or a
+    simt bucket given pipeline stages or a down chunk too large for the registers, fail the build
+    (exit 2, nothing written) with the file, the policy and the figures."""
     for needed in ("jinja2", "pydantic", "black"):  # the compiler's (a GPU box may run kernels only)
         pytest.importorskip(needed)
     from conftest import run_cli, snapshot
@@ -486,9 +552,10 @@ def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
     prefill = text.index('name = "prefill"\nblock_size_m = 128')
     text = text[:prefill] + text[prefill:].replace("num_warps = 8", "num_warps = 8\nnum_stages = 6", 1)
     gemv = text.index('name = "decode"\nt_max = 4\nkernel = "gemv"')
-    text = text[:gemv] + text[gemv:].replace('kernel = "gemv"', 'kernel = "gemv"\nfuse_sum = false', 1)
-    simt = text.index('name = "decode"\nnote = "Two launches')
+    text = text[:gemv] + text[gemv:].replace('kernel = "gemv"', 'kernel = "gemv"\nfuse_sum = false\nchained = true', 1)
+    simt = text.index('name = "decode"\nnote = "Two chained launches')
     text = text[:simt] + text[simt:].replace("num_stages = 1", "num_stages = 3", 1)
+    text = text[:simt] + text[simt:].replace("down_block_size_n = 4", "down_block_size_n = 16", 1)
     spec.write_text(text)
     before = snapshot(project / "generated")
     result = run_cli("--root", str(project), "build")
@@ -505,5 +572,9 @@ def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
         "a simt record needs block_size_m 1, fuse_sum, num_stages 1" in result.err
         and "got 8x512, 3 stage(s)" in result.err
     )
+    # 16 rows x 128 columns of each expert over 4 warps: 16 weights a thread, twice the limit.
+    assert "the simt down GEMM's 16x128 chunk of each expert's rows takes 16 weights a thread at 4 warps" in result.err
+    assert "chained (programmatic dependent launch) is built for the simt kernels" in result.err
+    assert "got kernel gemv on a100" in result.err
     assert "specs/kernels/moe.toml" in result.err and "nvidia>=90" in result.err
     assert snapshot(project / "generated") == before

@@ -384,14 +384,17 @@ def test_moe_launch_is_tuned_through_its_declaration_with_the_models_sizes():
     }
     assert {b.name: [s[0] for s in b.shapes] for b in p.buckets} == {"decode": [1, 4], "small": [16]}
     # The decode bucket's two spaces: the tensor-core gemv and the CUDA-core simt kernels.  Of
-    # simt's 3 x 2 x 3 points the incumbent (8 x 512, 4 warps) is not a candidate, and 16 x 512 on
-    # 2 warps (256 accumulator registers a thread) is rejected by the spec's checks.
+    # simt's 3 x 2 up slabs x 3 x 2 x 2 down chunks and warps, the incumbent (8 x 512 up, 4 x 128
+    # down on 4 warps, chained) is not a candidate, and the six with 8 x 256 down chunks on 4 warps
+    # (16 weights a thread per expert) are rejected by the spec's checks: 72 - 1 - 6.
     decode = p.bucket("decode")
     kinds = [c.record["kernel"] for c in decode.candidates]
-    assert set(kinds) == {"gemv", "simt"} and kinds.count("simt") == 16
-    (rejected,) = [r for r in decode.rejected if "kernel=simt" in r[0]]
-    assert rejected[0] == "kernel=simt block_size_n=16 block_size_k={1024 // dtype_bytes} num_warps=2 num_stages=1"
-    assert "accumulators take 256 registers" in rejected[1]
+    assert set(kinds) == {"gemv", "simt"} and kinds.count("simt") == 65
+    rejected = [r for r in decode.rejected if "kernel=simt" in r[0]]
+    assert len(rejected) == 6
+    for label, why in rejected:
+        assert "down_block_size_n=8 down_block_size_k={512 // dtype_bytes} down_num_warps=4" in label
+        assert "takes 16 weights a thread at 4 warps" in why
 
 
 def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
@@ -405,8 +408,11 @@ def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
     for T in (1, 5):
         problem = HARNESS.problem({"t": T}, torch.float16, "cpu", params)
         simt = dict(gemv, kernel="simt", block_size_n=8, block_size_k=64, fuse_sum=True, num_stages=1)
+        simt_down = dict(down_block_size_n=4, down_block_size_k=16, down_num_warps=2, chained=True)
         for record in (dict(gemv, fuse_sum=True), dict(grouped, fuse_sum=True), dict(grouped, fuse_sum=False), simt):
-            out = problem.kernel({"num_stages": 2, **record, "num_warps": 4})()
+            down = simt_down if record is simt else dict(chained=False)
+            down = {"down_block_size_n": record["block_size_n"], "down_block_size_k": record["block_size_k"], **down}
+            out = problem.kernel({"num_stages": 2, **record, "num_warps": 4, "down_num_warps": 4, **down})()
             assert problem.error(out) < 2e-3, (T, record)
 
 
