@@ -4,6 +4,9 @@ Not a benchmark of record: it sweeps kernel constants and prototypes that are no
 specs, on the cases bench/attention.py and bench/moe.py report below their targets, and writes
 every number to $OUT/explore_decode.json (bench/results/ keeps the runs RESULTS.md cites).
 
+Phases 10-14 ran on 2026-12-01 against the layer before the chained decode record ("current"); since
+then "current" is that record.
+
 Cases: attention decode on a paged cache of block size 16 in random order (as bench/attention.py),
 d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and batch 1 at 32k (phase
 3 adds batch 1 at 8k and batch 8 at 32k); fused MoE at T = 1 and 4 (qwen36, and 128 experts x 2048 x
@@ -37,6 +40,19 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            waits), 8 or 4 down rows a program; against the current layer, 3 interleaved rounds.
 --phase 9  the h200 decode tiles with V2 partitions of 64-512 tokens where a call has few programs:
            batch 1 at 4k, 8k and 32k, batch 2 at 16k, 4 and 8 at 8k; 3 interleaved rounds.
+--phase 10 MoE decode: the layer's parts alone (an empty kernel, the router, the up and down
+           kernels), and both GEMMs in one launch whose programs draw tiles from a ticket counter,
+           the down tiles waiting (acquire) for their token's up tiles.  (Its "read of the weight
+           bytes" row is torch's int32 sum, far below copy bandwidth: not a floor.)
+--phase 11 MoE decode: the down kernel loading a chunk of all k experts' rows at once (_down3d) and
+           the up kernel a step ahead (_up_pf), each alone over a grid of constants, then the best
+           chained by programmatic dependent launch (router -> up -> down, the down kernel loading
+           its first chunk before it waits), against the record before ("cur"), also as graphs.
+--phase 12 MoE decode: the up kernel prefetching the down kernel's w2 rows into L2 (at its start or
+           end, w1's loads evict-first), chained.
+--phase 13 MoE decode: _down3d two chunks ahead, and three up kernels x seven down tiles, chained.
+--phase 14 MoE decode: routing inside the two GEMM launches (each program computes its token's
+           top-k from the logits; vLLM's older gating_output form), against the chained layer.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -62,7 +78,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: 
 from policy_runtime import attention as A  # noqa: E402
 from policy_runtime import moe as M  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
-from policy_runtime.timing import flush_l2, gpu_ms, per_round, rel_err  # noqa: E402
+from policy_runtime.timing import captured, flush_l2, gpu_ms, per_round, rel_err  # noqa: E402
 from policy_runtime.tuning import BoundKernel  # noqa: E402
 
 AP = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,11 +91,19 @@ AP.add_argument(
     default=1,
     help="1: sweeps of the current kernels; 2: prototypes; 3: decode bodies x partition sizes; 4: dependent launch; "
     "5: MoE decode on the CUDA cores; 6: the L2 flush; 7: decode candidates in rounds; "
-    "8: MoE decode unrolled and chained; 9: small decode grids x partition sizes",
+    "8: MoE decode unrolled and chained; 9: small decode grids x partition sizes; "
+    "10: MoE decode GEMMs in one launch; 11: MoE decode, more loads in flight, chained; "
+    "12: the up kernel prefetches the down's weights to L2; 13: the down kernel two chunks ahead; "
+    "14: routing inside the two GEMM launches",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe14": [],
+    "moe13": [],
+    "moe12": [],
+    "moe11": [],
+    "moe10": [],
     "attention9": [],
     "moe8": [],
     "attention7": [],
@@ -1063,10 +1087,10 @@ def _merge_wait(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, pa
 @triton.jit
 def _topk_trig(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, RENORMALIZE: tl.constexpr,
                BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, TRIG: tl.constexpr):  # fmt: skip
-    if TRIG:
-        gdc_launch_dependents()
+    # The router; TRIG lets a dependent launch start as it starts (the body's TRIGGER since phase 11's
+    # adoption; before, this wrapper called gdc_launch_dependents itself).
     M._topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, RENORMALIZE, BLOCK_T,
-                           E_BLOCK, K_BLOCK)  # fmt: skip
+                           E_BLOCK, K_BLOCK, TRIG)  # fmt: skip
 
 
 @triton.jit
@@ -1224,6 +1248,50 @@ def moe_case4(shape, T):
 # 5. MoE decode on the CUDA cores
 
 
+# The simt down kernel as policy_runtime/moe.py had it until phase 11 (one expert's slab a step, in slot
+# order): phases 5, 6, 8 and 11 measured it, and run it from here.
+
+
+@triton.jit
+def _simt_down_v1(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk, stride_we,
+                  stride_wn, stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):  # fmt: skip
+    # One token t per program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores as
+    # _simt_up: one flat loop over (expert slot j, K step), the weighted row h[t * k + j] times a
+    # BLOCK_N x BLOCK_K slab of w[e] into fp32 accumulators of the slab's shape (each element
+    # summed in slot order), reduced over K at the end.  The next step's expert id and weight are
+    # read a step ahead, so that a slab's address never waits on a load of its own step.
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+    steps = top_k * k_tiles
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    expert = tl.load(ids_ptr + t * top_k).to(tl.int64)
+    weight = tl.load(weights_ptr + t * top_k).to(tl.float32)
+    for it in range(0, steps):
+        r = t * top_k + it // k_tiles
+        k0 = (it % k_tiles) * BLOCK_K
+        r_next = t * top_k + tl.minimum(it + 1, steps - 1) // k_tiles
+        expert_next = tl.load(ids_ptr + r_next).to(tl.int64)
+        weight_next = tl.load(weights_ptr + r_next).to(tl.float32)
+        a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + (k0 + offs_k) * stride_hk
+        b_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + (k0 + offs_k)[None, :] * stride_wk
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=k_ok, other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[None, :], other=0.0)
+        acc += b.to(tl.float32) * (a.to(tl.float32) * weight)[None, :]
+        expert = expert_next
+        weight = weight_next
+    o = tl.sum(acc, axis=1)
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n * stride_on, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
 @triton.jit
 def _empty(x_ptr):
     pass
@@ -1318,12 +1386,12 @@ def moe_case5(shape, T):
                 def fn(opts=opts, bn=bn, bk=bk):
                     M._simt_up[(numel, triton.cdiv(inter, bn))](
                         x, w1, h, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(), 0,
-                        H % bk == 0, **opts)  # fmt: skip
+                        H % bk == 0, PDL=False, **opts)  # fmt: skip
 
             else:
 
                 def fn(opts=opts, bn=bn, bk=bk):
-                    M._simt_down[(T, triton.cdiv(H, bn))](
+                    _simt_down_v1[(T, triton.cdiv(H, bn))](
                         h, w2, out, wf, idf, H, inter, k, *h.stride(), *w2.stride(), *out.stride(), inter % bk == 0,
                         **opts)  # fmt: skip
 
@@ -1367,8 +1435,8 @@ def moe_case5(shape, T):
             uo, do = best["up"][2], best["down"][2]
             M._simt_up[(numel, triton.cdiv(inter, uo["BLOCK_N"]))](
                 x, w1, hh, b, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), 0,
-                H % uo["BLOCK_K"] == 0, **uo)  # fmt: skip
-            M._simt_down[(T, triton.cdiv(H, do["BLOCK_N"]))](
+                H % uo["BLOCK_K"] == 0, PDL=False, **uo)  # fmt: skip
+            _simt_down_v1[(T, triton.cdiv(H, do["BLOCK_N"]))](
                 hh, w2, out, a, b, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), inter % do["BLOCK_K"] == 0,
                 **do)  # fmt: skip
 
@@ -1464,8 +1532,8 @@ def flush_cases():
                 hh = torch.empty(T * k, inter, device=DEV, dtype=DT)
                 M._simt_up[(T * k, triton.cdiv(inter, 8))](
                     x, w1, hh, b, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), 0, H % 512 == 0,
-                    BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=1)  # fmt: skip
-                M._simt_down[(T, triton.cdiv(H, 4))](
+                    BLOCK_N=8, BLOCK_K=512, PDL=False, num_warps=4, num_stages=1)  # fmt: skip
+                _simt_down_v1[(T, triton.cdiv(H, 4))](
                     hh, w2, out, a, b, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), inter % 512 == 0,
                     BLOCK_N=4, BLOCK_K=512, num_warps=4, num_stages=1)  # fmt: skip
 
@@ -1640,6 +1708,826 @@ def moe_case8(shape, T):
     save()
 
 
+# ---------------------------------------------------------------------------------------
+# Phase 10: both decode GEMMs in one launch.  Programs draw tiles from a ticket counter (all up
+# tiles first), so a down tile only ever waits on tiles already drawn by running programs: no
+# co-residency is assumed and no order of dispatch.  A down tile loads its first w2 chunk for all
+# k experts, then waits (acquire) until its token's up tiles have released their rows of h.  The
+# last program to finish zeroes the counters for the next launch.
+
+
+@triton.jit
+def _fused_dec(x_ptr, w1_ptr, w2_ptr, out_ptr, h_ptr, weights_ptr, ids_ptr, sync_ptr, T, H, I, top_k, n_up, n_total,
+               stride_xm, stride_xk, s1e, s1n, s1k, s2e, s2n, s2k, stride_hm, stride_hn, stride_om, stride_on,
+               BN_UP: tl.constexpr, BK_UP: tl.constexpr, BN_DOWN: tl.constexpr, BK_DOWN: tl.constexpr,
+               KB: tl.constexpr, TB: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    if PDL:
+        gdc_wait()
+    tile = tl.atomic_add(sync_ptr, 1)
+    up_cols = tl.cdiv(I, BN_UP)
+    if tile < n_up:
+        r = tile // up_cols
+        offs_n = (tile % up_cols) * BN_UP + tl.arange(0, BN_UP)
+        cols = (offs_n % I).to(tl.int64)
+        offs_k = tl.arange(0, BK_UP)
+        expert = tl.load(ids_ptr + r).to(tl.int64)
+        a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + offs_k * stride_xk
+        g_ptrs = w1_ptr + expert * s1e + cols[:, None] * s1n + offs_k[None, :] * s1k
+        u_ptrs = g_ptrs + I * s1n
+        acc_g = tl.zeros((BN_UP, BK_UP), dtype=tl.float32)
+        acc_u = tl.zeros((BN_UP, BK_UP), dtype=tl.float32)
+        for k0 in range(0, H, BK_UP):
+            k_ok = offs_k < H - k0
+            a = tl.load(a_ptrs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            g = tl.load(g_ptrs, mask=k_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs, mask=k_ok[None, :], other=0.0)
+            acc_g += g.to(tl.float32) * a
+            acc_u += u.to(tl.float32) * a
+            a_ptrs += BK_UP * stride_xk
+            g_ptrs += BK_UP * s1k
+            u_ptrs += BK_UP * s1k
+        gate = tl.sum(acc_g, axis=1)
+        up = tl.sum(acc_u, axis=1)
+        hv = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(h_ptr + r.to(tl.int64) * stride_hm + offs_n * stride_hn, hv.to(h_ptr.dtype.element_ty),
+                 mask=offs_n < I)  # fmt: skip
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr + 2 + r // top_k, 1, sem="release")
+    else:
+        d = tile - n_up
+        down_cols = tl.cdiv(H, BN_DOWN)
+        t = d // down_cols
+        d_cols = (d % down_cols) * BN_DOWN + tl.arange(0, BN_DOWN)
+        d_rows = (d_cols % H).to(tl.int64)
+        slot = tl.arange(0, KB)
+        slot_ok = slot < top_k
+        flat = t * top_k + slot
+        experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0).to(tl.int64)
+        wts = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+        d_k = tl.arange(0, BK_DOWN)
+        v_ptrs = w2_ptr + experts[:, None, None] * s2e + d_rows[None, :, None] * s2n + d_k[None, None, :] * s2k
+        h_ptrs = h_ptr + flat.to(tl.int64)[:, None] * stride_hm + d_k[None, :] * stride_hn
+        v = tl.load(v_ptrs, mask=slot_ok[:, None, None] & (d_k < I)[None, None, :], other=0.0)
+        need = top_k * up_cols
+        done = tl.atomic_add(sync_ptr + 2 + t, 0, sem="acquire")
+        while done < need:
+            done = tl.atomic_add(sync_ptr + 2 + t, 0, sem="acquire")
+        acc = tl.zeros((KB, BN_DOWN), dtype=tl.float32)
+        for k0 in range(0, I, BK_DOWN):
+            hh = tl.load(h_ptrs, mask=slot_ok[:, None] & (d_k < I - k0)[None, :], other=0.0, cache_modifier=".cg")
+            v_next = tl.load(v_ptrs + BK_DOWN * s2k, other=0.0,
+                             mask=slot_ok[:, None, None] & (d_k < I - k0 - BK_DOWN)[None, None, :])  # fmt: skip
+            acc += tl.sum(v.to(tl.float32) * hh.to(tl.float32)[:, None, :], axis=2)
+            v = v_next
+            h_ptrs += BK_DOWN * stride_hn
+            v_ptrs += BK_DOWN * s2k
+        o = tl.sum(acc * wts[:, None], axis=0)
+        tl.store(out_ptr + t.to(tl.int64) * stride_om + d_cols * stride_on, o.to(out_ptr.dtype.element_ty),
+                 mask=d_cols < H)  # fmt: skip
+    fin = tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel")
+    if fin == n_total - 1:
+        tb = tl.arange(0, TB)
+        tl.store(sync_ptr + tb, tl.zeros((TB,), dtype=tl.int32), mask=tb < 2 + T)
+
+
+def fused_dec_launcher(x, w1, w2, out, wf, idf, sync, T, k, bn_up, bk_up, bn_down, bk_down, warps, pdl):
+    """A call of _fused_dec (h allocated per call, as fused_moe does)."""
+    H, inter = x.shape[1], w2.shape[2]
+    n_up = T * k * triton.cdiv(inter, bn_up)
+    n_total = n_up + T * triton.cdiv(H, bn_down)
+
+    def run():
+        h = torch.empty(T * k, inter, device=x.device, dtype=x.dtype)
+        _fused_dec[(n_total,)](
+            x, w1, w2, out, h, wf, idf, sync, T, H, inter, k, n_up, n_total, x.stride(0), x.stride(1), *w1.stride(),
+            *w2.stride(), *h.stride(), *out.stride(), BN_UP=bn_up, BK_UP=bk_up, BN_DOWN=bn_down, BK_DOWN=bk_down,
+            KB=triton.next_power_of_2(k), TB=triton.next_power_of_2(T + 2), PDL=pdl, num_warps=warps, num_stages=1,
+            **({"launch_pdl": True} if pdl else {}))  # fmt: skip
+
+    return run
+
+
+FUSED10 = [  # (bn_up, bk_up, bn_down, bk_down, warps)
+    (8, 512, 4, 512, 4),
+    (8, 512, 4, 256, 4),
+    (8, 256, 4, 256, 4),
+    (16, 256, 4, 256, 8),
+    (8, 512, 2, 512, 4),
+    (8, 512, 8, 256, 8),
+    (4, 512, 4, 512, 2),
+    (8, 1024, 4, 512, 4),
+]
+
+
+def moe_setup(shape, T):
+    """Phases 10-14's case: its data, the current layer's output as the reference, the routed
+    buffers the prototypes' router writes (wf, idf), and the fraction of copy of a time."""
+    import generated.moe as G
+
+    E, H, inter, k = MOE_SHAPES[shape]
+    x, w1, w2, logits = moe_data(shape, T)
+    out = torch.empty(T, H, device=DEV, dtype=DT)
+    ww, ii = G.topk_softmax(logits, k, True)
+    G.fused_moe(x, w1, w2, ww, ii, out=out, hw=HW)
+    used = ii.unique().numel()
+    copy = copy_tbps(1 << 30)
+    c = SimpleNamespace(
+        G=G, E=E, H=H, inter=inter, k=k, T=T, x=x, w1=w1, w2=w2, logits=logits, out=out, ref=out.float().clone(),
+        ids_ref=ii, name=f"{shape} T={T}", numel=T * k, wbytes=used * 3 * H * inter * 2,
+        up_bytes=used * 2 * H * inter * 2, down_bytes=used * H * inter * 2, wf=torch.empty(T * k, device=DEV),
+        idf=torch.empty(T * k, dtype=torch.int32, device=DEV), e_block=triton.next_power_of_2(E),
+        kb=triton.next_power_of_2(k),
+    )  # fmt: skip
+    c.frac = lambda nbytes, us: nbytes / (us * 1e-6) / (copy * 1e12)
+    # What the phases' launches name most, in one tuple to unpack.
+    c.names = (c.x, c.w1, c.w2, c.out, c.wf, c.idf, c.H, c.inter, c.k, c.numel, c.kb)
+    return c
+
+
+def router(c, pdl):
+    """The router into c.wf and c.idf; with ``pdl`` it lets a dependent launch start as it starts."""
+    _topk_trig[(c.T,)](c.logits, c.wf, c.idf, c.T, c.E, c.k, c.logits.stride(0), c.logits.stride(1), RENORMALIZE=True,
+                       BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=c.kb, TRIG=pdl, num_warps=1)  # fmt: skip
+
+
+def current_layer(c):
+    """topk_softmax + fused_moe as the generated module runs them."""
+
+    def run():
+        a, b = c.G.topk_softmax(c.logits, c.k, True)
+        c.G.fused_moe(c.x, c.w1, c.w2, a, b, out=c.out, hw=HW)
+
+    return run
+
+
+def checked_runs(key, c, runs, more=None):
+    """The runs whose output checks twice (poisoned before each), and ``more(row, name, fn)`` where
+    given; each logged and recorded under RES[key]."""
+    good = {}
+    for name, fn in runs.items():
+        row = {"case": c.name, "config": name}
+
+        def body(fn=fn, row=row, name=name):
+            if (
+                checked(row, c.out, c.ref, fn)
+                and checked(row, c.out, c.ref, fn)
+                and (more is None or more(row, name, fn))
+            ):
+                good[name] = fn
+                row["ok"] = True
+
+        attempt(key, row, f"{c.name} {name} check", body, lambda r: "ok", done="ok")
+    return good
+
+
+def timed_rounds(key, c, methods, rounds, suffix=""):
+    """Each method's median time over interleaved rounds, recorded and logged fastest first; the
+    names, fastest first."""
+    times = per_round(methods, rounds)
+    ranked = sorted(times, key=lambda n: statistics.median(times[n]))
+    for name in ranked:
+        us = statistics.median(times[name]) * 1e3
+        rounds_us = [v * 1e3 for v in times[name]]
+        RES[key].append(
+            {
+                "case": c.name,
+                "config": name + suffix,
+                "us": us,
+                "rounds_us": rounds_us,
+                "frac_copy": c.frac(c.wbytes, us),
+            }
+        )
+        log(
+            f"  {c.name} {name}{suffix}: {us:.1f} us ({c.frac(c.wbytes, us):.3f} of copy) rounds {[round(v, 1) for v in rounds_us]}"
+        )
+    return ranked
+
+
+def graph_timed(key, c, name, fn):
+    """``fn`` captured in a CUDA graph, its replay checked, then timed."""
+    row = {"case": c.name, "config": name + " (graph)"}
+
+    def body():
+        graph, _ = captured(fn)
+        c.out.fill_(float("nan"))
+        graph.replay()
+        row["rel_err"] = err = rel_err(c.out, c.ref)
+        if err < 2e-2:
+            row["us"] = us = gpu_ms(graph.replay) * 1e3
+            row["frac_copy"] = c.frac(c.wbytes, us)
+
+    attempt(key, row, f"{c.name} {name} (graph)", body, lambda r: f"{r['us']:.1f} us ({r['frac_copy']:.3f})")
+
+
+def leaders(key, c, good, ranked, current, rounds=5, n=4):
+    """The ``n`` fastest of ``ranked`` and the current layer again, in ``rounds`` interleaved rounds,
+    then each as graph replays."""
+    lead = {name: good[name] for name in ranked[:n] if name != "current"}
+    lead["current"] = current
+    for name in timed_rounds(key, c, lead, rounds, suffix=f" ({rounds} rounds)"):
+        graph_timed(key, c, name, lead[name])
+
+
+def moe_case10(shape, T):
+    c = moe_setup(shape, T)
+    sync = torch.zeros(64, dtype=torch.int32, device=DEV)
+    bucket = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    h0 = torch.empty(c.numel, c.inter, device=DEV, dtype=DT)
+    router(c, False)
+    parts = {
+        "empty kernel": lambda: _empty[(1,)](c.out),
+        "topk alone": lambda: c.G.topk_softmax(c.logits, c.k, True),
+        "up alone (current)": lambda: _launch_up(bucket, c, h0),
+        "down alone (current)": lambda: _launch_down(bucket, c, h0),
+        "read of the weight bytes": _reader(c.wbytes),
+    }
+    for name, fn in parts.items():
+        row = {"case": c.name, "config": name}
+        attempt("moe10", row, f"{c.name} {name}", lambda fn=fn, row=row: row.update(us=gpu_ms(fn) * 1e3),
+                lambda r: f"{r['us']:.1f} us")  # fmt: skip
+
+    runs = {"current": current_layer(c)}
+    for cfg in FUSED10:
+        for pdl in (False, True):
+            run = fused_dec_launcher(c.x, c.w1, c.w2, c.out, c.wf, c.idf, sync, T, c.k, *cfg, pdl)
+
+            def chain(run=run, pdl=pdl):
+                router(c, pdl)
+                run()
+
+            runs[f"fused bn_up={cfg[0]} bk_up={cfg[1]} bn_down={cfg[2]} bk_down={cfg[3]} w={cfg[4]} pdl={pdl}"] = chain
+
+    def counters_reset(row, name, fn):
+        # A third call: the counters the calls before left must be zero again.
+        ok = checked(row, c.out, c.ref, fn)
+        assert int(sync.abs().sum()) == 0, f"counters left {sync[:8].tolist()}"
+        return ok
+
+    good = checked_runs("moe10", c, runs, counters_reset)
+    timed_rounds("moe10", c, good, 3)
+    save()
+
+
+def _launch_up(v, c, h):
+    """The bucket's (simt) up kernel alone, unchained."""
+    v.up[(c.numel, triton.cdiv(c.inter, v.block_n))](
+        c.x, c.w1, h, c.idf, c.inter, c.H, c.k, c.x.stride(0), c.x.stride(1), *c.w1.stride(), *h.stride(), 0,
+        c.H % v.block_k == 0, PDL=False, num_warps=v.num_warps, num_stages=v.num_stages)  # fmt: skip
+
+
+def _launch_down(v, c, h):
+    """The bucket's (simt) down kernel alone, unchained."""
+    v.down[(c.T, triton.cdiv(c.H, v.down_block_n))](
+        h, c.w2, c.out, c.wf, c.idf, c.H, c.inter, c.k, *h.stride(), *c.w2.stride(), *c.out.stride(), KB=c.kb,
+        PDL=False, num_warps=v.down_num_warps, num_stages=v.num_stages)  # fmt: skip
+
+
+def _reader(nbytes):
+    """torch.sum over nbytes of int32 into an int64: meant as the floor of one launch's read, but
+    torch's int32 -> int64 sum runs far below copy bandwidth (116-455 us in phase 10), so it is not
+    one; phase 6's _read_sum is."""
+    src = torch.ones(nbytes // 4, dtype=torch.int32, device=DEV)
+    dst = torch.empty((), dtype=torch.int64, device=DEV)
+    return lambda: torch.sum(src, dim=0, out=dst)
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 11: more loads in flight per program, and the three launches chained by programmatic
+# dependent launch.  _down3d loads one K chunk of all k experts' rows at once ([KB, BN, BK]) and
+# the next chunk before it multiplies; under PDL it loads its first chunk (its ids come from the
+# router, finished before the up kernel released it) before it waits for the up kernel.  _up_pf
+# loads each step's slab a step ahead; RED reduces over K each step (fewer registers).
+
+
+@triton.jit
+def _down3d(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk, swe, swn, swk, som, son,
+            BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    v_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
+    v = tl.load(v_ptrs, mask=slot_ok[:, None, None] & (offs_k < K)[None, None, :], other=0.0)
+    if PDL:
+        gdc_wait()
+    wts = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    h_ptrs = h_ptr + flat.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
+    acc = tl.zeros((KB, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        hh = tl.load(h_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+        v_next = tl.load(v_ptrs + BK * swk, mask=slot_ok[:, None, None] & (offs_k < K - k0 - BK)[None, None, :],
+                         other=0.0)  # fmt: skip
+        acc += tl.sum(v.to(tl.float32) * hh.to(tl.float32)[:, None, :], axis=2)
+        v = v_next
+        h_ptrs += BK * stride_hk
+        v_ptrs += BK * swk
+    o = tl.sum(acc * wts[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _up_pf(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, BN: tl.constexpr,
+           BK: tl.constexpr, RED: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * sxm + offs_k * sxk
+    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
+    u_ptrs = g_ptrs + N * swn
+    g = tl.load(g_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+    u = tl.load(u_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+    if RED:
+        acc_g = tl.zeros((BN,), dtype=tl.float32)
+        acc_u = tl.zeros((BN,), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BN, BK), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BK), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs, mask=offs_k < K - k0, other=0.0).to(tl.float32)[None, :]
+        nxt = (offs_k < K - k0 - BK)[None, :]
+        g_next = tl.load(g_ptrs + BK * swk, mask=nxt, other=0.0)
+        u_next = tl.load(u_ptrs + BK * swk, mask=nxt, other=0.0)
+        if RED:
+            acc_g += tl.sum(g.to(tl.float32) * a, axis=1)
+            acc_u += tl.sum(u.to(tl.float32) * a, axis=1)
+        else:
+            acc_g += g.to(tl.float32) * a
+            acc_u += u.to(tl.float32) * a
+        g = g_next
+        u = u_next
+        a_ptrs += BK * sxk
+        g_ptrs += BK * swk
+        u_ptrs += BK * swk
+    if RED:
+        gate = acc_g
+        up = acc_u
+    else:
+        gate = tl.sum(acc_g, axis=1)
+        up = tl.sum(acc_u, axis=1)
+    hv = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, hv.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _simt_down_pdl(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
+                   EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    gdc_wait()
+    _simt_down_v1(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son, EVEN_K,
+                  BLOCK_N, BLOCK_K)  # fmt: skip
+
+
+# The h200 decode record phases 5-10 ended with, which phase 11 starts from ("cur"): simt 8 x 512 slabs
+# on 4 warps for both GEMMs, the down kernel one expert a step (_simt_down_v1).
+CUR11 = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=1)
+
+
+def moe_case11(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    pdl_opt = lambda pdl: {"launch_pdl": True} if pdl else {}  # noqa: E731
+    router(c, False)
+
+    def up_cur(hh, pdl):
+        M._simt_up[(numel, triton.cdiv(inter, 8))](
+            x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+            EVEN_K=H % 512 == 0, PDL=pdl, **CUR11, **pdl_opt(pdl))  # fmt: skip
+
+    def down_cur(hh, pdl):
+        (_simt_down_pdl if pdl else _simt_down_v1)[(c.T, triton.cdiv(H, 8))](
+            hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), EVEN_K=inter % 512 == 0,
+            **CUR11, **pdl_opt(pdl))  # fmt: skip
+
+    h = torch.empty(numel, inter, device=DEV, dtype=DT)
+    up_cur(h, False)
+    h_ref = h.clone()
+
+    def up_pf(hh, pdl, bn, bk, w, red):
+        _up_pf[(numel, triton.cdiv(inter, bn))](
+            x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=bn, BK=bk, RED=red,
+            PDL=pdl, num_warps=w, num_stages=1, **pdl_opt(pdl))  # fmt: skip
+
+    def down3d(hh, pdl, bn, bk, w):
+        _down3d[(c.T, triton.cdiv(H, bn))](
+            hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=bn, BK=bk, KB=kb, PDL=pdl,
+            num_warps=w, num_stages=1, **pdl_opt(pdl))  # fmt: skip
+
+    # Each kernel alone (no PDL), checked: up kernels against the current up's h, down kernels by out.
+    best = {}
+    alone = {"up cur": ("up", lambda: up_cur(h, False)), "down cur": ("down", lambda: down_cur(h_ref, False))}
+    for bn, bk, w, red in itertools.product([4, 8, 16], [256, 512], [4, 8], [False, True]):
+        alone[f"up_pf bn={bn} bk={bk} w={w} red={red}"] = ("up", lambda a=(bn, bk, w, red): up_pf(h, False, *a))
+    for bn, bk, w in itertools.product([2, 4, 8], [128, 256, 512], [4, 8]):
+        alone[f"down3d bn={bn} bk={bk} w={w}"] = ("down", lambda a=(bn, bk, w): down3d(h_ref, False, *a))
+    for key, (part, fn) in alone.items():
+        row = {"case": c.name, "config": key, "part": part}
+
+        def body(fn=fn, row=row, part=part, key=key):
+            if part == "up":
+                h.fill_(float("nan"))
+                fn()
+                row["rel_err"] = err = rel_err(h, h_ref)
+                if err >= 2e-2:
+                    return
+            elif not checked(row, out, c.ref, fn):
+                return
+            row["us"] = us = gpu_ms(fn) * 1e3
+            row["frac_copy"] = c.frac(c.up_bytes if part == "up" else c.down_bytes, us)
+            if key.split()[0] not in ("up", "down") and (part not in best or us < best[part][0]):
+                best[part] = (us, key)
+
+        attempt("moe11", row, f"{c.name} {key}", body, lambda r: f"{r['us']:.1f} us ({r['frac_copy']:.2f})")
+    save()
+
+    def cfg_of(key):
+        vals = dict(kv.split("=") for kv in key.split()[1:])
+        out_ = [int(vals["bn"]), int(vals["bk"]), int(vals["w"])]
+        return out_ + ([vals["red"] == "True"] if "red" in vals else [])
+
+    bu = cfg_of(best["up"][1]) if "up" in best else None
+    bd = cfg_of(best["down"][1]) if "down" in best else None
+
+    def chain(pdl, up_new, down_new):
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            router(c, pdl)
+            up_pf(hh, pdl, *bu) if up_new else up_cur(hh, pdl)
+            down3d(hh, pdl, *bd) if down_new else down_cur(hh, pdl)
+
+        return run
+
+    runs = {"current": current_layer(c), "cur kernels pdl": chain(True, False, False)}
+    if bd:
+        runs[f"cur up + down3d {bd}"] = chain(False, False, True)
+        runs[f"cur up + down3d {bd} pdl"] = chain(True, False, True)
+    if bu and bd:
+        runs[f"up_pf {bu} + down3d {bd}"] = chain(False, True, True)
+        runs[f"up_pf {bu} + down3d {bd} pdl"] = chain(True, True, True)
+    good = checked_runs("moe11", c, runs)
+    timed_rounds("moe11", c, good, 5)
+    # The same chains as CUDA graph replays (PDL edges captured), timed once each.
+    for name, fn in good.items():
+        graph_timed("moe11", c, name, fn)
+    save()
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 12: the up kernel warms the L2 with the down kernel's weights.  Each up program knows its
+# expert; it issues L2 prefetches (no registers, nothing waits on them) for its share of that
+# expert's w2 rows, so that the down kernel's weights stream from memory while the up GEMM does
+# and the down kernel reads them from the L2.  PF: 1 at the program's start, 2 at its end; EVICT:
+# w1's loads marked evict_first and the prefetches evict_last (w1 is read once; w2's lines must
+# outlive the rest of w1's stream).
+
+
+@triton.jit
+def _prefetch_l2(ptrs, LAST: tl.constexpr):
+    if LAST:
+        tl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2::evict_last [$1];", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
+    else:
+        tl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
+def _up_l2(x_ptr, w_ptr, h_ptr, ids_ptr, w2_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, s2e, s2n,
+           BN: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
+           LINE: tl.constexpr, PF_BLOCK: tl.constexpr):  # fmt: skip
+    # As M._simt_up (EVEN_K), plus: this program's share of w2[expert] (the rows
+    # [nb * rpp, (nb + 1) * rpp) of its K=N columns, w2 being [E, K_up=H... ] below) prefetched to L2.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    nb = tl.program_id(1)
+    offs_n = nb * BN + tl.arange(0, BN)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    if PF == 1:
+        _w2_share(w2_ptr, expert, nb, tl.num_programs(1), K, N, s2e, s2n, EVICT, LINE, PF_BLOCK)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * sxm + offs_k * sxk
+    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
+    u_ptrs = g_ptrs + N * swn
+    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs)
+        if EVICT:
+            g = tl.load(g_ptrs, eviction_policy="evict_first")
+            u = tl.load(u_ptrs, eviction_policy="evict_first")
+        else:
+            g = tl.load(g_ptrs)
+            u = tl.load(u_ptrs)
+        a = a.to(tl.float32)[None, :]
+        acc_g += g.to(tl.float32) * a
+        acc_u += u.to(tl.float32) * a
+        a_ptrs += BK * sxk
+        g_ptrs += BK * swk
+        u_ptrs += BK * swk
+    if PF == 2:
+        _w2_share(w2_ptr, expert, nb, tl.num_programs(1), K, N, s2e, s2n, EVICT, LINE, PF_BLOCK)
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    hv = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, hv.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _w2_share(w2_ptr, expert, nb, nprog, H, I, s2e, s2n, EVICT: tl.constexpr, LINE: tl.constexpr,
+              PF_BLOCK: tl.constexpr):  # fmt: skip
+    # w2[expert] is [H, I] with unit column stride; LINE elements make one 128-byte line.  Program nb
+    # of nprog takes rows [nb * rpp, min(H, (nb + 1) * rpp)), every line of each.
+    rpp = tl.cdiv(H, nprog)
+    lpr = tl.cdiv(I, LINE)
+    row0 = nb * rpp
+    n_lines = tl.minimum(rpp, H - row0) * lpr
+    base = w2_ptr + expert * s2e
+    for l0 in range(0, n_lines, PF_BLOCK):
+        li = l0 + tl.arange(0, PF_BLOCK)
+        li = tl.minimum(li, n_lines - 1)
+        ptrs = base + (row0 + li // lpr).to(tl.int64) * s2n + (li % lpr) * LINE
+        _prefetch_l2(ptrs, EVICT)
+
+
+def moe_case12(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+
+    def chain(bn_up, bk_up, w_up, pf, evict, down, pdl=True):
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            router(c, pdl)
+            _up_l2[(numel, triton.cdiv(inter, bn_up))](
+                x, w1, hh, idf, w2, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), w2.stride(0),
+                w2.stride(1), BN=bn_up, BK=bk_up, PF=pf, EVICT=evict, PDL=pdl, LINE=64, PF_BLOCK=256, num_warps=w_up,
+                num_stages=1, **({"launch_pdl": True} if pdl else {}))  # fmt: skip
+            bn, bk, w = down
+            _down3d[(T, triton.cdiv(H, bn))](
+                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=bn, BK=bk, KB=kb,
+                PDL=pdl, num_warps=w, num_stages=1, **({"launch_pdl": True} if pdl else {}))  # fmt: skip
+
+        return run
+
+    runs = {"current": current_layer(c)}
+    for (bn_up, bk_up, w_up), pf, evict, down in itertools.product(
+        [(8, 512, 4), (8, 256, 4)], [0, 1, 2], [False, True], [(4, 128, 4), (4, 256, 8), (8, 128, 4)]
+    ):
+        if pf == 0 and evict:
+            continue
+        runs[f"up {bn_up}x{bk_up} w{w_up} pf={pf} evict={evict} down3d {down}"] = chain(
+            bn_up, bk_up, w_up, pf, evict, down
+        )
+    good = checked_runs("moe12", c, runs)
+    ranked = timed_rounds("moe12", c, good, 3)
+    # The leaders again, 5 rounds against current, and as graph replays.
+    leaders("moe12", c, good, ranked, runs["current"])
+    save()
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 13: _down3d two chunks ahead (DEPTH 2: chunks 0 and 1 loaded before the PDL wait, then
+# chunk i + 2 and h's chunk i + 1 issued before chunk i is multiplied), against one ahead.
+
+
+@triton.jit
+def _down3d2(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk, swe, swn, swk, som, son,
+             BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    v_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
+    ok3 = slot_ok[:, None, None]
+    v0 = tl.load(v_ptrs, mask=ok3 & (offs_k < K)[None, None, :], other=0.0)
+    v1 = tl.load(v_ptrs + BK * swk, mask=ok3 & (offs_k < K - BK)[None, None, :], other=0.0)
+    if PDL:
+        gdc_wait()
+    wts = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    h_ptrs = h_ptr + flat.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
+    hh = tl.load(h_ptrs, mask=slot_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    acc = tl.zeros((KB, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        v2 = tl.load(v_ptrs + 2 * BK * swk, mask=ok3 & (offs_k < K - k0 - 2 * BK)[None, None, :], other=0.0)
+        h_next = tl.load(h_ptrs + BK * stride_hk, mask=slot_ok[:, None] & (offs_k < K - k0 - BK)[None, :], other=0.0)
+        acc += tl.sum(v0.to(tl.float32) * hh.to(tl.float32)[:, None, :], axis=2)
+        v0 = v1
+        v1 = v2
+        hh = h_next
+        h_ptrs += BK * stride_hk
+        v_ptrs += BK * swk
+    o = tl.sum(acc * wts[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def moe_case13(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+
+    def chain(up, down, depth):
+        kind, bn_up, bk_up, w_up = up
+        bn, bk, w = down
+
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            router(c, True)
+            grid = (numel, triton.cdiv(inter, bn_up))
+            if kind == "simt":
+                M._simt_up[grid](
+                    x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+                    EVEN_K=H % bk_up == 0, BLOCK_N=bn_up, BLOCK_K=bk_up, PDL=True, num_warps=w_up, num_stages=1,
+                    launch_pdl=True)  # fmt: skip
+            else:
+                _up_pf[grid](
+                    x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=bn_up,
+                    BK=bk_up, RED=False, PDL=True, num_warps=w_up, num_stages=1, launch_pdl=True)  # fmt: skip
+            body = _down3d2 if depth == 2 else _down3d
+            body[(T, triton.cdiv(H, bn))](
+                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=bn, BK=bk, KB=kb,
+                PDL=True, num_warps=w, num_stages=1, launch_pdl=True)  # fmt: skip
+
+        return run
+
+    runs = {"current": current_layer(c)}
+    ups = [("simt", 8, 512, 4), ("pf", 8, 256, 4), ("simt", 8, 256, 4)]
+    downs = [(4, 128, 4), (4, 256, 8), (2, 128, 2), (2, 256, 4), (4, 64, 2), (8, 128, 8), (2, 128, 4)]
+    for up, down, depth in itertools.product(ups, downs, [1, 2]):
+        runs[f"up {up} down3d {down} depth {depth}"] = chain(up, down, depth)
+    good = checked_runs("moe13", c, runs)
+    ranked = timed_rounds("moe13", c, good, 3)
+    leaders("moe13", c, good, ranked, runs["current"])
+    save()
+
+
+# ---------------------------------------------------------------------------------------
+# Phase 14: routing inside the GEMM launches (vLLM's older fused_moe(gating_output=...) form):
+# every up program computes its token's softmax top-k from the logits (L2-resident after the first
+# program) and takes its slot's expert; the programs of column block 0 write the routed ids and
+# weights.  The down kernel computes the same top-k before its PDL wait and loads its first w2 chunk
+# with it.  Two launches for the layer, no router kernel.
+
+
+@triton.jit
+def _topk_row(logits_ptr, t, E, k, stride_lt, stride_le, RENORMALIZE: tl.constexpr, E_BLOCK: tl.constexpr,
+              K_BLOCK: tl.constexpr):  # fmt: skip
+    ex = tl.arange(0, E_BLOCK)
+    in_e = ex < E
+    x = tl.load(logits_ptr + t.to(tl.int64) * stride_lt + ex * stride_le, mask=in_e, other=float("-inf"),
+                cache_modifier=".cg").to(tl.float32)  # fmt: skip
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)
+    p = tl.where(in_e, p, -2.0)
+    kk = tl.arange(0, K_BLOCK)
+    vals = tl.zeros((K_BLOCK,), dtype=tl.float32)
+    idx = tl.zeros((K_BLOCK,), dtype=tl.int32)
+    for j in range(0, k):
+        best, at = tl.max(p, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        vals = tl.where(kk == j, best, vals)
+        idx = tl.where(kk == j, at, idx)
+        p = tl.where(ex == at, -1.0, p)
+    if RENORMALIZE:
+        vals = vals / tl.sum(vals, axis=0)
+    return vals, idx
+
+
+@triton.jit
+def _up_routed(x_ptr, w_ptr, h_ptr, logits_ptr, weights_ptr, ids_ptr, E, N, K, top_k, stride_lt, stride_le, sxm, sxk,
+               swe, swn, swk, shm, shn, RENORMALIZE: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    t = r // top_k
+    j = r % top_k
+    vals, idx = _topk_row(logits_ptr, t, E, top_k, stride_lt, stride_le, RENORMALIZE, E_BLOCK, K_BLOCK)
+    kk = tl.arange(0, K_BLOCK)
+    expert = tl.sum(tl.where(kk == j, idx, 0), axis=0).to(tl.int64)
+    if tl.program_id(1) == 0:
+        tl.store(ids_ptr + r, expert.to(tl.int32))
+        tl.store(weights_ptr + r, tl.sum(tl.where(kk == j, vals, 0.0), axis=0))
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + t.to(tl.int64) * sxm + offs_k * sxk
+    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
+    u_ptrs = g_ptrs + N * swn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs).to(tl.float32)[None, :]
+        g = tl.load(g_ptrs)
+        u = tl.load(u_ptrs)
+        acc_g += g.to(tl.float32) * a
+        acc_u += u.to(tl.float32) * a
+        a_ptrs += BLOCK_K * sxk
+        g_ptrs += BLOCK_K * swk
+        u_ptrs += BLOCK_K * swk
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    hv = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, hv.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _down_routed(h_ptr, w_ptr, out_ptr, logits_ptr, E, N, K, top_k, stride_lt, stride_le, stride_hm, stride_hk, swe,
+                 swn, swk, som, son, RENORMALIZE: tl.constexpr, E_BLOCK: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    wts, experts = _topk_row(logits_ptr, t, E, top_k, stride_lt, stride_le, RENORMALIZE, E_BLOCK, KB)
+    experts = experts.to(tl.int64)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    offs_k = tl.arange(0, BK)
+    v_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
+    v = tl.load(v_ptrs, mask=slot_ok[:, None, None] & (offs_k < K)[None, None, :], other=0.0)
+    if PDL:
+        gdc_wait()
+    h_ptrs = h_ptr + flat.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
+    acc = tl.zeros((KB, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        hh = tl.load(h_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+        v_next = tl.load(v_ptrs + BK * swk, mask=slot_ok[:, None, None] & (offs_k < K - k0 - BK)[None, None, :],
+                         other=0.0)  # fmt: skip
+        acc += tl.sum(v.to(tl.float32) * hh.to(tl.float32)[:, None, :], axis=2)
+        v = v_next
+        h_ptrs += BK * stride_hk
+        v_ptrs += BK * swk
+    o = tl.sum(acc * tl.where(slot_ok, wts, 0.0)[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def moe_case14(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    logits, E, e_block = c.logits, c.E, c.e_block
+
+    def routed(bn_up, bk_up, w_up, down):
+        bn, bk, w = down
+
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            _up_routed[(numel, triton.cdiv(inter, bn_up))](
+                x, w1, hh, logits, wf, idf, E, inter, H, k, logits.stride(0), logits.stride(1), x.stride(0),
+                x.stride(1), *w1.stride(), *hh.stride(), RENORMALIZE=True, E_BLOCK=e_block, K_BLOCK=kb, BLOCK_N=bn_up,
+                BLOCK_K=bk_up, PDL=True, num_warps=w_up, num_stages=1, launch_pdl=True)  # fmt: skip
+            _down_routed[(T, triton.cdiv(H, bn))](
+                hh, w2, out, logits, E, H, inter, k, logits.stride(0), logits.stride(1), *hh.stride(), *w2.stride(),
+                *out.stride(), RENORMALIZE=True, E_BLOCK=e_block, BN=bn, BK=bk, KB=kb, PDL=True, num_warps=w,
+                num_stages=1, launch_pdl=True)  # fmt: skip
+
+        return run
+
+    def chained(bn_up, bk_up, w_up, down):
+        bn, bk, w = down
+
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            router(c, True)
+            M._simt_up[(numel, triton.cdiv(inter, bn_up))](
+                x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+                EVEN_K=H % bk_up == 0, BLOCK_N=bn_up, BLOCK_K=bk_up, PDL=True, num_warps=w_up, num_stages=1,
+                launch_pdl=True)  # fmt: skip
+            _down3d[(T, triton.cdiv(H, bn))](
+                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=bn, BK=bk, KB=kb,
+                PDL=True, num_warps=w, num_stages=1, launch_pdl=True)  # fmt: skip
+
+        return run
+
+    runs = {"current": current_layer(c)}
+    for up in [(8, 512, 4), (8, 256, 4)]:
+        for down in [(4, 128, 4), (4, 256, 8)]:
+            runs[f"chained up {up} down {down}"] = chained(*up, down)
+            runs[f"routed up {up} down {down}"] = routed(*up, down)
+
+    def same_ids(row, name, fn):
+        # The routed kernels' ids against topk_softmax's.
+        row["ids_same"] = bool(torch.equal(idf.view(T, k), c.ids_ref)) if name.startswith("routed") else None
+        return True
+
+    idf.fill_(-1)
+    good = checked_runs("moe14", c, runs, same_ids)
+    for name in timed_rounds("moe14", c, good, 5):
+        graph_timed("moe14", c, name, good[name])
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -1661,6 +2549,11 @@ def main():
         7: (att_case7, None),
         8: (None, moe_case8),
         9: (att_case9, None),
+        10: (None, moe_case10),
+        11: (None, moe_case11),
+        12: (None, moe_case12),
+        13: (None, moe_case13),
+        14: (None, moe_case14),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
