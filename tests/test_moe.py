@@ -218,6 +218,31 @@ def test_chained_buckets_launch_dependently_only_where_the_device_can(monkeypatc
     assert all(not pdl for name, _, pdl in _launches(1, "bi_v100"))
 
 
+def test_programmatic_launch_is_asked_only_of_nvidia_devices_from_9_0(monkeypatch):
+    """launch._programmatic: a CPU tensor never; a device tensor where the device says 9.0 or later,
+    not under the interpreter, and not on ROCm (whose torch reports a gfx number as the capability)."""
+    from types import SimpleNamespace
+
+    from policy_runtime import launch
+
+    assert not launch._programmatic(torch.zeros(1))
+    device = SimpleNamespace(is_cuda=True, get_device=lambda: 0)
+    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    try:
+        for capability, expected in (((8, 9), False), ((9, 0), True), ((12, 1), True)):
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
+            launch._pdl_device.cache_clear()
+            assert launch._programmatic(device) is expected, capability
+        monkeypatch.setattr(torch.version, "hip", "6.4")
+        assert not launch._programmatic(device)
+        monkeypatch.setattr(torch.version, "hip", None)
+        monkeypatch.setattr(launch, "_INTERPRET", True)
+        assert not launch._programmatic(device)
+    finally:
+        launch._pdl_device.cache_clear()  # the real device's answer, asked again on its next use
+
+
 @pytest.mark.skipif(not GPU, reason="programmatic dependent launch and CUDA graphs only on a GPU")
 def test_chained_decode_replays_from_a_cuda_graph():
     """The chained decode layer (router included) captured once, replayed on new inputs: each
