@@ -53,6 +53,8 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
 --phase 13 MoE decode: _down3d two chunks ahead, and three up kernels x seven down tiles, chained.
 --phase 14 MoE decode: routing inside the two GEMM launches (each program computes its token's
            top-k from the logits; vLLM's older gating_output form), against the chained layer.
+--phase 15 MoE decode: the chained layer's kernels with their registers capped (maxnreg) so that more
+           programs are resident at once.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -94,11 +96,12 @@ AP.add_argument(
     "8: MoE decode unrolled and chained; 9: small decode grids x partition sizes; "
     "10: MoE decode GEMMs in one launch; 11: MoE decode, more loads in flight, chained; "
     "12: the up kernel prefetches the down's weights to L2; 13: the down kernel two chunks ahead; "
-    "14: routing inside the two GEMM launches",
+    "14: routing inside the two GEMM launches; 15: MoE decode kernels with capped registers",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe15": [],
     "moe14": [],
     "moe13": [],
     "moe12": [],
@@ -2528,6 +2531,49 @@ def moe_case14(shape, T):
     save()
 
 
+# ---------------------------------------------------------------------------------------
+# Phase 15: the chained layer's kernels (policy_runtime.moe's simt bodies, h200's decode record) with
+# their registers capped (Triton's maxnreg), so that more programs are resident at once: the up
+# kernel at 8 x 512 takes 133 registers (3 programs a SM: 396 slots for 512-768 programs), the down
+# kernel at 4 x 128 takes 79 (6 a SM: 792 slots for 896 programs at qwen36's T = 1).
+
+
+def moe_case15(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    regs = {}
+
+    def chain(up_cap, down_cap):
+        up_opt = {"maxnreg": up_cap} if up_cap else {}
+        down_opt = {"maxnreg": down_cap} if down_cap else {}
+
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            router(c, True)
+            ku = M._simt_up[(numel, triton.cdiv(inter, 8))](
+                x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+                EVEN_K=H % 512 == 0, BLOCK_N=8, BLOCK_K=512, PDL=True, num_warps=4, num_stages=1, launch_pdl=True,
+                **up_opt)  # fmt: skip
+            kd = M._simt_down[(T, triton.cdiv(H, 4))](
+                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=4, BLOCK_K=128,
+                KB=kb, PDL=True, num_warps=4, num_stages=1, launch_pdl=True, **down_opt)  # fmt: skip
+            for name, kern in (("up", ku), ("down", kd)):
+                if kern is not None and hasattr(kern, "n_regs"):
+                    regs[f"{name} cap {up_cap if name == 'up' else down_cap}"] = (kern.n_regs, kern.n_spills)
+
+        return run
+
+    runs = {"current": current_layer(c)}
+    for up_cap, down_cap in itertools.product([None, 128], [None, 72, 64]):
+        runs[f"up maxnreg {up_cap} down maxnreg {down_cap}"] = chain(up_cap, down_cap)
+    good = checked_runs("moe15", c, runs)
+    log(f"  {c.name} registers, spills: {regs}")
+    RES["moe15"].append({"case": c.name, "registers_spills": {key: list(v) for key, v in regs.items()}})
+    for name in timed_rounds("moe15", c, good, 5):
+        graph_timed("moe15", c, name, good[name])
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -2554,6 +2600,7 @@ def main():
         12: (None, moe_case12),
         13: (None, moe_case13),
         14: (None, moe_case14),
+        15: (None, moe_case15),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
