@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .tuning import Problem
+from .tuning import Harness, Problem
 
 BLOCK_SIZE = 16
 
@@ -64,11 +64,6 @@ class DecodeProblem(Problem):
         return run
 
 
-class _Harness:
-    def problem(
-        self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, params: Mapping[str, Any]
-    ) -> DecodeProblem:
-        return DecodeProblem(shape["batch"], shape["context"], params, dtype, device)
-
-
-HARNESS = _Harness()
+HARNESS = Harness(
+    problem=lambda shape, dtype, device, params: DecodeProblem(shape["batch"], shape["context"], params, dtype, device)
+)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import matmul as _mm
-from .tuning import BoundKernel, Problem
+from .tuning import BoundKernel, Harness, Problem
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:
@@ -97,11 +97,4 @@ class MatmulProblem(Problem):
         return lambda: torch.matmul(self.a, self.b, out=out)
 
 
-class _Harness:
-    def problem(
-        self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, params: Mapping[str, Any]
-    ) -> MatmulProblem:
-        return MatmulProblem(shape, dtype, device)
-
-
-HARNESS = _Harness()
+HARNESS = Harness(problem=lambda shape, dtype, device, params: MatmulProblem(shape, dtype, device))

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import moe as _moe
-from .tuning import BoundKernel, Problem
+from .tuning import BoundKernel, Harness, Problem
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
@@ -99,11 +99,4 @@ class MoEProblem(Problem):
         return run
 
 
-class _Harness:
-    def problem(
-        self, shape: Mapping[str, int], dtype: torch.dtype, device: Any, params: Mapping[str, Any]
-    ) -> MoEProblem:
-        return MoEProblem(shape["t"], params, dtype, device)
-
-
-HARNESS = _Harness()
+HARNESS = Harness(problem=lambda shape, dtype, device, params: MoEProblem(shape["t"], params, dtype, device))

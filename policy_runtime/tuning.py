@@ -8,7 +8,8 @@ for the generated wrapper.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -40,3 +41,13 @@ class Problem:
 
     def error(self, out: torch.Tensor) -> float:
         return rel_err(out, self.reference)
+
+
+@dataclass(frozen=True)
+class Harness:
+    """What a spec's ``[<config>.tune] harness`` names (``HARNESS`` of a family's tune module):
+    ``problem(shape, dtype, device, params)`` builds the family's Problem for one shape (its bucket
+    dimensions by name; ``params`` the model sizes the spec hands over).  A harness may also carry
+    a ``timer`` (codegen/tune/measure.py reads it where present)."""
+
+    problem: Callable[[Mapping[str, int], torch.dtype, Any, Mapping[str, Any]], Problem]
