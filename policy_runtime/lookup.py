@@ -1,11 +1,14 @@
-"""Record lookup for the generated dispatch module (hand-written): by kernel name, target and
-model, and by a seed-style selector's parameters.  Plain dictionary lookups; no rule runs."""
+"""Record lookup for the generated modules (hand-written): by kernel name, target and model, and
+by a seed-style selector's parameters (generated/dispatch.py); a bucketed kernel module's policy
+by dtype and target (``PolicyTables``: generated/matmul.py and moe.py).  Plain dictionary
+lookups; no rule runs."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-__all__ = ["record", "select"]
+__all__ = ["record", "select", "PolicyTables"]
 
 
 def record(
@@ -40,3 +43,23 @@ def select(table: Mapping[tuple, tuple], key: tuple, function: str, params: Sequ
         )
         raise KeyError(f"{function}: no model has {given}; known: {known}")
     return found
+
+
+@dataclass(frozen=True)
+class PolicyTables:
+    """A bucketed kernel module's policies: per variant (by input dtype) and target, the buckets
+    in the order they are tried and the function that picks one.  The modules' entry-point
+    classes (policy_runtime.matmul.Matmul, policy_runtime.moe.MoE) extend it."""
+
+    # Variant name (matmul_16bit, moe_launch_fp32, ...) -> hardware spec name -> (buckets, select).
+    policies: Mapping[str, Mapping[str, tuple[tuple[Any, ...], Callable[..., Any]]]]
+    # Input dtype -> variant name; the dtypes a call may have.
+    variant_of_dtype: Mapping[Any, str]
+    # generated.dispatch.target_name: (hw, device) -> hardware spec name.
+    target_name: Callable[[Any, Any], str]
+
+    def policy(self, dtype: Any, hw: Any, device: Any) -> tuple[tuple[Any, ...], Callable[..., Any]]:
+        return self.policies[self.variant_of_dtype[dtype]][self.target_name(hw, device)]
+
+    def buckets(self, dtype: Any, hw: Any, device: Any) -> tuple[Any, ...]:
+        return self.policy(dtype, hw, device)[0]

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from . import launch as _launch
+from .lookup import PolicyTables
 
 # ---------------------------------------------------------------------------------------
 # Kernel bodies: generated/matmul.py's specialized kernels call _grouped, _small_m and
@@ -589,21 +590,9 @@ def _vendor(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor]) -> to
 
 
 @dataclass(frozen=True)
-class Matmul:
-    """matmul, matmul_triton, buckets and select of generated/matmul.py, over its tables."""
-
-    # Variant name (matmul_16bit, ...) -> hardware spec name -> that target's policy.
-    policies: dict[str, dict[str, Policy]]
-    # Input dtype -> variant name; the dtypes a call may have.
-    variant_of_dtype: dict[torch.dtype, str]
-    # generated.dispatch.target_name: (hw, device) -> hardware spec name.
-    target_name: Callable[[Any, Any], str]
-
-    def policy(self, dtype: torch.dtype, hw: Any, device: Any) -> Policy:
-        return self.policies[self.variant_of_dtype[dtype]][self.target_name(hw, device)]
-
-    def buckets(self, dtype: torch.dtype, hw: Any, device: Any) -> tuple[Bucket, ...]:
-        return self.policy(dtype, hw, device)[0]
+class Matmul(PolicyTables):
+    """matmul, matmul_triton, buckets and select of generated/matmul.py, over its tables (each
+    target's ``Policy`` per variant)."""
 
     def select(self, M: int, N: int, K: int, dtype: torch.dtype, hw: Any, device: Any) -> Bucket:
         return self.policy(dtype, hw, device)[1](M, N, K)

@@ -56,6 +56,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import launch as _launch
+from .lookup import PolicyTables
 
 # Activations of the up GEMM's gate half, as vLLM's fused_moe names them.
 _ACTIVATIONS = {"silu": 0, "gelu": 1}
@@ -784,23 +785,14 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
 
 
 @dataclass(frozen=True)
-class MoE:
-    """fused_moe, buckets and select of generated/moe.py, over its tables."""
-
-    # Variant name (moe_launch_16bit, ...) -> hardware spec name -> that target's policy.
-    policies: dict[str, dict[str, Policy]]
-    # Input dtype -> variant name; the dtypes a call may have.
-    variant_of_dtype: dict[torch.dtype, str]
-    # generated.dispatch.target_name: (hw, device) -> hardware spec name.
-    target_name: Callable[[Any, Any], str]
+class MoE(PolicyTables):
+    """fused_moe, buckets and select of generated/moe.py, over its tables (each target's
+    ``Policy`` per variant)."""
 
     def policy(self, dtype: torch.dtype, hw: Any, device: Any) -> Policy:
         if dtype not in self.variant_of_dtype:
             _fail("fused_moe", f"dtype must be float16, bfloat16 or float32, got {dtype}")
-        return self.policies[self.variant_of_dtype[dtype]][self.target_name(hw, device)]
-
-    def buckets(self, dtype: torch.dtype, hw: Any, device: Any) -> tuple[Bucket, ...]:
-        return self.policy(dtype, hw, device)[0]
+        return super().policy(dtype, hw, device)
 
     def select(self, T: int, dtype: torch.dtype, hw: Any, device: Any) -> Bucket:
         return self.policy(dtype, hw, device)[1](T)
