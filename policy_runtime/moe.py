@@ -491,7 +491,7 @@ class Variant:
     down_block_k: int
     down_num_warps: int
     # simt: both GEMMs launched as programmatic dependent launches where the device has them.
-    chained: bool = False
+    chained: bool
 
     @property
     def name(self) -> str:
@@ -517,12 +517,18 @@ class Variant:
         h = torch.empty((numel, inter), dtype=x.dtype, device=x.device)
         opts = dict(num_warps=self.num_warps, num_stages=self.num_stages)
         down_opts = dict(num_warps=self.down_num_warps, num_stages=self.num_stages)
-        if self.kind == "simt":
-            # Chained: the up kernel waits on the device for the kernel before it (the router) and
-            # releases the down kernel as it starts; the down kernel loads its first weights, then
-            # waits for the up kernel.  Each launch returns at once; nothing syncs with the host.
-            pdl = self.chained and _launch._programmatic(x)
-            chain = dict(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+        if self.kind in ("gemv", "simt"):
+            # One routed row a program (up), one token a program (down).  simt's down kernel takes
+            # the padded expert count; gemv's whether its K steps divide I.  Chained (simt): the up
+            # kernel waits on the device for the kernel before it (the router) and releases the
+            # down kernel as it starts; the down kernel loads its first weights, then waits for the
+            # up kernel.  Each launch returns at once; nothing syncs with the host.
+            chain: dict[str, Any] = {}
+            down_last: dict[str, Any] = {"EVEN_K": inter % self.down_block_k == 0}
+            if self.kind == "simt":
+                pdl = self.chained and _launch._programmatic(x)
+                chain = dict(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+                down_last = {"KB": _launch._pow2ceil(k)}
             _launch._launch_kernel(
                 self.up, (numel, triton.cdiv(inter, self.block_n)),
                 x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
@@ -531,19 +537,7 @@ class Variant:
             _launch._launch_kernel(
                 self.down, (T, triton.cdiv(H, self.down_block_n)),
                 h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
-                KB=_launch._pow2ceil(k), **chain, **down_opts,
-            )  # fmt: skip
-            return
-        if self.kind == "gemv":
-            _launch._launch_kernel(
-                self.up, (numel, triton.cdiv(inter, self.block_n)),
-                x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
-                act, H % self.block_k == 0, **opts,
-            )  # fmt: skip
-            _launch._launch_kernel(
-                self.down, (T, triton.cdiv(H, self.down_block_n)),
-                h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
-                inter % self.down_block_k == 0, **down_opts,
+                **down_last, **chain, **down_opts,
             )  # fmt: skip
             return
         sorted_ids, expert_ids, post_pad = _align(ids, self.block_m, num_experts)

@@ -70,7 +70,8 @@ def kernel_summary(c: dict[str, Any]) -> str:
             f"groups of {c['group_size_m']} row blocks",
         ]
     parts += [f"{c['num_warps']} warps", f"{c['num_stages']} stage{'s' if c['num_stages'] > 1 else ''}"]
-    if _down_differs(c) and c["kernel"] != "simt":
+    down_tile = (c["down_block_size_n"], c["down_block_size_k"])
+    if c["kernel"] != "simt" and down_tile != (c["block_size_n"], c["block_size_k"]):
         parts.append(f"down GEMM {c['down_block_size_n']}x{c['down_block_size_k']} tiles")
     if c["down_num_warps"] != c["num_warps"]:
         parts.append(f"{c['down_num_warps']} warps in the down GEMM")
