@@ -5,7 +5,7 @@ specs, on the cases bench/attention.py and bench/moe.py report below their targe
 every number to $OUT/explore_decode.json (bench/results/ keeps the runs RESULTS.md cites).
 
 Phases 10-14 ran on 2026-12-01 against the layer before the chained decode record ("current"); since
-then "current" is that record.
+then "current" is that record (phases 15-19).
 
 Cases: attention decode on a paged cache of block size 16 in random order (as bench/attention.py),
 d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and batch 1 at 32k (phase
@@ -55,6 +55,19 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            top-k from the logits; vLLM's older gating_output form), against the chained layer.
 --phase 15 MoE decode: the chained layer's kernels with their registers capped (maxnreg) so that more
            programs are resident at once.
+--phase 16 MoE decode: a timeline of the chained layer (each program's start and end, from the GPU's
+           global timer), and one kernel for both GEMMs without a grid-wide dependency: each program
+           takes one routed row and a block of the intermediate columns, computes them (the up GEMM)
+           and multiplies them at once by the same columns of its expert's w2 (the down GEMM split
+           over the intermediate size), adding into an fp32 accumulator; the last program converts
+           it into the output and zeroes it for the next call.
+--phase 17 MoE decode: phase 16's timeline with each start stored at once, over pairs of up and down
+           tiles of the production bodies (and each compiled kernel's registers), each pair also timed
+           untraced in interleaved rounds.  T = 1.
+--phase 18 MoE decode: the down kernel loading its first two w2 chunks before it waits for the up
+           kernel, and the rows of h a chunk ahead; T = 1, against the current layer.
+--phase 19 the time outside the layer's span: chains of empty kernels (plain, programmatic dependent
+           launch), the layer with the router a dependent launch too, the router's cold logits.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -75,12 +88,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, globaltimer, smid  # noqa: E402
 
 from policy_runtime import attention as A  # noqa: E402
 from policy_runtime import moe as M  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
-from policy_runtime.timing import captured, flush_l2, gpu_ms, per_round, rel_err  # noqa: E402
+from policy_runtime.timing import SLEEP_CYCLES, captured, flush_l2, gpu_ms, per_round, rel_err  # noqa: E402
 from policy_runtime.tuning import BoundKernel  # noqa: E402
 
 AP = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,11 +109,19 @@ AP.add_argument(
     "8: MoE decode unrolled and chained; 9: small decode grids x partition sizes; "
     "10: MoE decode GEMMs in one launch; 11: MoE decode, more loads in flight, chained; "
     "12: the up kernel prefetches the down's weights to L2; 13: the down kernel two chunks ahead; "
-    "14: routing inside the two GEMM launches; 15: MoE decode kernels with capped registers",
+    "14: routing inside the two GEMM launches; 15: MoE decode kernels with capped registers; "
+    "16: MoE decode timeline, and both GEMMs split over the intermediate size in one launch; "
+    "17: MoE decode timelines over up and down tile pairs; 18: the down kernel's first chunks and h ahead; "
+    "19: launch overhead of chains, the router as a dependent launch",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe19": [],
+    "moe18": [],
+    "moe17": [],
+    "moe16": [],
+    "timeline": [],
     "moe15": [],
     "moe14": [],
     "moe13": [],
@@ -2574,6 +2595,587 @@ def moe_case15(shape, T):
     save()
 
 
+# Phase 16: where the chained layer's time goes, from the GPU's global timer (each program's start,
+# its end and its SM), and both GEMMs in one launch with no grid-wide dependency between them.
+# _sk16: one routed row r = t * k + j and BN intermediate columns a program: the up GEMM for those
+# columns (as _simt_up), then at once the down GEMM's share of them, w2[e][:, cols] (H x BN, a BH-row
+# chunk at a time, the next loaded before this one is used; with PRE the first chunk is loaded
+# before the up GEMM), scaled by the routing weight and added (fp32, relaxed atomics) into an fp32
+# accumulator.  The last program to take a ticket converts the accumulator into the output and
+# zeroes it and the ticket for the next call, so one launch follows the router and nothing waits
+# on a grid but the router.  Run 2026-12-01 (bench/results/h200_explore_decode16.*): the configs that
+# passed their check took 1.3-2.4x the chained layer's time (39.6 against 30.3 us at best, e128; 51.1
+# against 30.0, qwen36; its programs did not fit one wave), and 5 of 9 configs at T = 1 failed theirs
+# (relative error 0.14-0.19): not investigated, the structure being the slower one.
+
+
+@triton.jit
+def _stamp(tr_ptr, slot, t0):
+    # This program's [start, end, SM] at tr_ptr[3 * slot] (phase 16: the start held to the end).
+    tl.store(tr_ptr + 3 * slot, t0)
+    tl.store(tr_ptr + 3 * slot + 1, globaltimer())
+    tl.store(tr_ptr + 3 * slot + 2, smid().to(tl.int64))
+
+
+@triton.jit
+def _stamp_start(tr_ptr, slot, ON: tl.constexpr):
+    # Phase 17: the start stored at once, so that no register holds it through the kernel.
+    if ON:
+        tl.store(tr_ptr + 3 * slot, globaltimer())
+
+
+@triton.jit
+def _stamp_end(tr_ptr, slot, ON: tl.constexpr):
+    if ON:
+        tl.store(tr_ptr + 3 * slot + 1, globaltimer())
+        tl.store(tr_ptr + 3 * slot + 2, smid().to(tl.int64))
+
+
+@triton.jit
+def _tl_router(logits_ptr, weights_ptr, ids_ptr, tr_ptr, T, E, k, stride_lt, stride_le, E_BLOCK: tl.constexpr,
+               K_BLOCK: tl.constexpr):  # fmt: skip
+    t0 = globaltimer()
+    M._topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, True, 1, E_BLOCK,
+                           K_BLOCK, True)  # fmt: skip
+    _stamp(tr_ptr, tl.program_id(0), t0)
+
+
+@triton.jit
+def _tl_up(x_ptr, w_ptr, h_ptr, ids_ptr, tr_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, BN: tl.constexpr,
+           BK: tl.constexpr):  # fmt: skip
+    t0 = globaltimer()
+    M._simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, 0, True, BN, BK, True)
+    _stamp(tr_ptr, tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), t0)
+
+
+@triton.jit
+def _tl_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, tr_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
+             BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
+    t0 = globaltimer()
+    M._simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son, BN, BK,
+                 KB, True)  # fmt: skip
+    _stamp(tr_ptr, tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), t0)
+
+
+@triton.jit
+def _sk16(x_ptr, w1_ptr, w2_ptr, acc_ptr, out_ptr, weights_ptr, ids_ptr, cnt_ptr, tr_ptr, T, H, I, top_k, n_prog,
+          sxm, sxk, s1e, s1n, s1k, s2e, s2n, s2k, som, son, BN: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr,
+          EB: tl.constexpr, PRE: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr):  # fmt: skip
+    t0 = globaltimer()
+    if PDL:
+        gdc_wait()
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = offs_n < I
+    cols = (offs_n % I).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    t = r // top_k
+    a_ptrs = x_ptr + t.to(tl.int64) * sxm + offs_k * sxk
+    g_ptrs = w1_ptr + expert * s1e + cols[:, None] * s1n + offs_k[None, :] * s1k
+    u_ptrs = g_ptrs + I * s1n
+    offs_h = tl.arange(0, BH)
+    d_ptrs = w2_ptr + expert * s2e + offs_h[:, None] * s2n + cols[None, :] * s2k
+    if PRE:
+        v = tl.load(d_ptrs, mask=(offs_h < H)[:, None], other=0.0)
+    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        k_ok = offs_k < H - k0
+        a = tl.load(a_ptrs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        g = tl.load(g_ptrs, mask=k_ok[None, :], other=0.0)
+        u = tl.load(u_ptrs, mask=k_ok[None, :], other=0.0)
+        acc_g += g.to(tl.float32) * a
+        acc_u += u.to(tl.float32) * a
+        a_ptrs += BK * sxk
+        g_ptrs += BK * s1k
+        u_ptrs += BK * s1k
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    hv = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+    hv = tl.where(n_ok, hv, 0.0) * tl.load(weights_ptr + r).to(tl.float32)
+    if not PRE:
+        v = tl.load(d_ptrs, mask=(offs_h < H)[:, None], other=0.0)
+    o_ptrs = acc_ptr + t.to(tl.int64) * H + offs_h
+    for h0 in range(0, H, BH):
+        v_next = tl.load(d_ptrs + BH * s2n, mask=(offs_h < H - h0 - BH)[:, None], other=0.0)
+        part = tl.sum(v.to(tl.float32) * hv[None, :], axis=1)
+        tl.atomic_add(o_ptrs, part, mask=offs_h < H - h0, sem="relaxed")
+        v = v_next
+        d_ptrs += BH * s2n
+        o_ptrs += BH
+    # Every thread's adds ordered before the ticket (the CUDA threadFenceReduction pattern).
+    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    if ticket == n_prog - 1:
+        offs_e = tl.arange(0, EB)
+        for tt in range(0, T):
+            for e0 in range(0, H, EB):
+                m = offs_e < H - e0
+                p = acc_ptr + tt * H + e0 + offs_e
+                val = tl.load(p, mask=m, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + tt * som + (e0 + offs_e) * son, val.to(out_ptr.dtype.element_ty), mask=m)
+                tl.store(p, tl.zeros((EB,), dtype=tl.float32), mask=m)
+        tl.store(cnt_ptr, 0)
+    if TRACE:
+        _stamp(tr_ptr, tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), t0)
+
+
+SK16 = [  # (BN, BK, BH, warps, PRE)
+    (16, 256, 256, 4, True),
+    (16, 512, 256, 8, True),
+    (16, 256, 256, 4, False),
+    (16, 256, 128, 4, True),
+    (16, 512, 128, 4, True),
+    (8, 512, 256, 4, True),
+    (8, 256, 512, 4, True),
+    (32, 256, 128, 8, True),
+    (32, 128, 128, 4, True),
+]
+
+
+def sk_layer(c, bn, bk, bh, warps, pre, acc, cnt, tr=None):
+    """The router, then _sk16 (a programmatic dependent launch)."""
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    grid = (numel, triton.cdiv(inter, bn))
+    n_prog = grid[0] * grid[1]
+
+    def run():
+        router(c, True)
+        _sk16[grid](
+            x, w1, w2, acc, out, wf, idf, cnt, acc if tr is None else tr, c.T, H, inter, k, n_prog, x.stride(0),
+            x.stride(1), *w1.stride(), *w2.stride(), *out.stride(), BN=bn, BK=bk, BH=bh, EB=1024, PRE=pre, PDL=True,
+            TRACE=tr is not None, num_warps=warps, num_stages=1, launch_pdl=True)  # fmt: skip
+
+    return run
+
+
+def chained_traced(c, v, tr_r, tr_u, tr_d):
+    """The chained layer (the bucket's simt record) with every program stamping its start and end."""
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+
+    def run():
+        hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+        _tl_router[(c.T,)](c.logits, wf, idf, tr_r, c.T, c.E, k, c.logits.stride(0), c.logits.stride(1),
+                           E_BLOCK=c.e_block, K_BLOCK=kb, num_warps=1)  # fmt: skip
+        _tl_up[(numel, triton.cdiv(inter, v.block_n))](
+            x, w1, hh, idf, tr_u, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=v.block_n,
+            BK=v.block_k, num_warps=v.num_warps, num_stages=1, launch_pdl=True)  # fmt: skip
+        _tl_down[(c.T, triton.cdiv(H, v.down_block_n))](
+            hh, w2, out, wf, idf, tr_d, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=v.down_block_n,
+            BK=v.down_block_k, KB=kb, num_warps=v.down_num_warps, num_stages=1, launch_pdl=True)  # fmt: skip
+
+    return run
+
+
+def _spread(vals):
+    """min, 10th percentile, median, 90th percentile and max of vals (us)."""
+    q = sorted(vals)
+    n = len(q)
+    return [q[0], q[n // 10], q[n // 2], q[(9 * n) // 10], q[-1]]
+
+
+def timeline(c, name, fn, parts, reps=20):
+    """``fn`` run ``reps`` times after a flush; per part (name -> [n, 3] int64 stamps), the median over
+    runs of each program's start and end spread (us after the router's start), and of the layer's
+    span; recorded and logged."""
+    runs = []
+    for _ in range(reps):
+        for tr in parts.values():
+            tr.zero_()
+        flush_l2()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        fn()
+        torch.cuda.synchronize()
+        stamps = {p: tr.view(-1, 3).cpu() for p, tr in parts.items()}
+        base = min(int(s[:, 0].min()) for s in stamps.values())
+        one = {}
+        for p, s in stamps.items():
+            one[p + " start"] = _spread([(int(v) - base) / 1e3 for v in s[:, 0]])
+            one[p + " end"] = _spread([(int(v) - base) / 1e3 for v in s[:, 1]])
+            one[p + " SMs"] = [int(s[:, 2].unique().numel())] * 5
+        runs.append(one)
+    med = {key: [statistics.median(r[key][i] for r in runs) for i in range(5)] for key in runs[0]}
+    RES["timeline"].append({"case": c.name, "config": name, "reps": reps, "us_min_p10_med_p90_max": med})
+    log(f"  {c.name} timeline {name} (us from the first program's start: min p10 median p90 max, median of {reps}):")
+    for key, v in med.items():
+        log(f"    {key:>14}: " + " ".join(f"{x:6.2f}" for x in v))
+
+
+def traced(name, c, fn, parts, key="moe16"):
+    """timeline() as one attempt: its error, if any, recorded."""
+    row = {"case": c.name, "config": "timeline " + name}
+
+    def body():
+        fn()  # compiled before the timed runs
+        timeline(c, name, fn, parts)
+        row["timeline"] = "ok"
+
+    attempt(key, row, f"{c.name} timeline {name}", body, lambda r: "ok", done="timeline")
+
+
+def moe_case16(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    acc = torch.zeros(T, H, device=DEV, dtype=torch.float32)
+    cnt = torch.zeros(1, device=DEV, dtype=torch.int32)
+    runs = {"current": current_layer(c)}
+    for cfg in SK16:
+        runs["sk BN={} BK={} BH={} w={} pre={}".format(*cfg)] = sk_layer(c, *cfg, acc, cnt)
+
+    def left_clean(row, name, fn):
+        ok = checked(row, c.out, c.ref, fn)
+        torch.cuda.synchronize()
+        if name != "current":
+            row["left"] = [float(acc.abs().sum()), int(cnt.item())]
+            ok = ok and row["left"] == [0.0, 0]
+        return ok
+
+    good = checked_runs("moe16", c, runs, left_clean)
+    ranked = timed_rounds("moe16", c, good, 5)
+    leaders("moe16", c, good, ranked, runs["current"], rounds=5, n=4)
+    # Timelines: the chained layer (h200's record, and e128's tiles), the fastest split layer.
+    bucket = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    n_up = numel * triton.cdiv(inter, bucket.block_n)
+    tr = {
+        "router": torch.zeros(T * 3, dtype=torch.int64, device=DEV),
+        "up": torch.zeros(n_up * 3, dtype=torch.int64, device=DEV),
+        "down": torch.zeros(T * triton.cdiv(H, bucket.down_block_n) * 3, dtype=torch.int64, device=DEV),
+    }
+    traced("chained " + bucket.name, c, chained_traced(c, bucket, tr["router"], tr["up"], tr["down"]), tr)
+    e128v = SimpleNamespace(block_n=8, block_k=256, num_warps=4, down_block_n=4, down_block_k=256, down_num_warps=8)
+    tr2 = dict(tr, up=torch.zeros(numel * triton.cdiv(inter, 8) * 3, dtype=torch.int64, device=DEV),
+               down=torch.zeros(T * triton.cdiv(H, 4) * 3, dtype=torch.int64, device=DEV))  # fmt: skip
+    traced(
+        "chained up 8x256 w4, down 4x256 w8", c, chained_traced(c, e128v, tr2["router"], tr2["up"], tr2["down"]), tr2
+    )
+    best = [n for n in ranked if n.startswith("sk ")][:1]
+    for name in best:
+        cfg = next(cf for cf in SK16 if "sk BN={} BK={} BH={} w={} pre={}".format(*cf) == name)
+        n_sk = numel * triton.cdiv(inter, cfg[0])
+        trs = {"router": tr["router"], "split": torch.zeros(n_sk * 3, dtype=torch.int64, device=DEV)}
+
+        def split_fn(cfg=cfg, trs=trs):
+            x_, w1_, w2_, out_, wf_, idf_, H_, inter_, k_, numel_, kb_ = c.names
+            grid = (numel_, triton.cdiv(inter_, cfg[0]))
+            _tl_router[(c.T,)](c.logits, wf_, idf_, trs["router"], c.T, c.E, k_, c.logits.stride(0),
+                               c.logits.stride(1), E_BLOCK=c.e_block, K_BLOCK=kb_, num_warps=1)  # fmt: skip
+            _sk16[grid](
+                x_, w1_, w2_, acc, out_, wf_, idf_, cnt, trs["split"], c.T, H_, inter_, k_, grid[0] * grid[1],
+                x_.stride(0), x_.stride(1), *w1_.stride(), *w2_.stride(), *out_.stride(), BN=cfg[0], BK=cfg[1],
+                BH=cfg[2], EB=1024, PRE=cfg[4], PDL=True, TRACE=True, num_warps=cfg[3], num_stages=1,
+                launch_pdl=True)  # fmt: skip
+
+        traced(name, c, split_fn, trs)
+    save()
+
+
+# Phase 17: phase 16's timeline again with each start stored at once (phase 16 held it in a
+# register to the end, which may cost the up kernel a resident program per SM), over pairs of up
+# and down tiles of the production bodies, with each compiled kernel's registers; and each pair
+# timed untraced (the same wrappers, stamps compiled out) in interleaved rounds.
+
+
+@triton.jit
+def _t17_router(logits_ptr, weights_ptr, ids_ptr, tr_ptr, T, E, k, stride_lt, stride_le, E_BLOCK: tl.constexpr,
+                K_BLOCK: tl.constexpr, ON: tl.constexpr):  # fmt: skip
+    _stamp_start(tr_ptr, tl.program_id(0), ON)
+    M._topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, True, 1, E_BLOCK,
+                           K_BLOCK, True)  # fmt: skip
+    _stamp_end(tr_ptr, tl.program_id(0), ON)
+
+
+@triton.jit
+def _t17_up(x_ptr, w_ptr, h_ptr, ids_ptr, tr_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, BN: tl.constexpr,
+            BK: tl.constexpr, ON: tl.constexpr):  # fmt: skip
+    slot = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    _stamp_start(tr_ptr, slot, ON)
+    M._simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, 0, True, BN, BK, True)
+    _stamp_end(tr_ptr, slot, ON)
+
+
+@triton.jit
+def _t17_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, tr_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
+              BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, ON: tl.constexpr):  # fmt: skip
+    slot = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    _stamp_start(tr_ptr, slot, ON)
+    M._simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son, BN, BK,
+                 KB, True)  # fmt: skip
+    _stamp_end(tr_ptr, slot, ON)
+
+
+UP17 = [(8, 512, 4), (8, 256, 4), (16, 256, 8), (16, 512, 8)]
+DOWN17 = [(4, 128, 4), (4, 256, 8), (8, 128, 8), (2, 128, 2), (2, 256, 4)]
+
+
+def moe_case17(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    regs = {}
+
+    def pair(up, down, parts=None):
+        (bn_u, bk_u, w_u), (bn_d, bk_d, w_d) = up, down
+        on = parts is not None
+        tr = parts or {"router": idf, "up": idf, "down": idf}  # never written when off
+
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            kr = _t17_router[(T,)](c.logits, wf, idf, tr["router"], T, c.E, k, c.logits.stride(0), c.logits.stride(1),
+                                   E_BLOCK=c.e_block, K_BLOCK=kb, ON=on, num_warps=1)  # fmt: skip
+            ku = _t17_up[(numel, triton.cdiv(inter, bn_u))](
+                x, w1, hh, idf, tr["up"], inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=bn_u,
+                BK=bk_u, ON=on, num_warps=w_u, num_stages=1, launch_pdl=True)  # fmt: skip
+            kd = _t17_down[(T, triton.cdiv(H, bn_d))](
+                hh, w2, out, wf, idf, tr["down"], H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=bn_d,
+                BK=bk_d, KB=kb, ON=on, num_warps=w_d, num_stages=1, launch_pdl=True)  # fmt: skip
+            for name, kern in (("router", kr), (f"up {up}", ku), (f"down {down}", kd)):
+                if kern is not None and hasattr(kern, "n_regs"):
+                    regs[f"{name} {'traced' if on else 'plain'}"] = [kern.n_regs, kern.n_spills]
+
+        return run
+
+    runs = {"current": current_layer(c)}
+    for up in UP17:
+        for down in DOWN17:
+            runs[f"up {up} down {down}"] = pair(up, down)
+    good = checked_runs("moe17", c, runs)
+    ranked = timed_rounds("moe17", c, good, 5)
+    leaders("moe17", c, good, ranked, runs["current"], rounds=5, n=5)
+    for up in UP17:
+        for down in DOWN17:
+            name = f"up {up} down {down}"
+            if name not in good:
+                continue
+            parts = {
+                "router": torch.zeros(T * 3, dtype=torch.int64, device=DEV),
+                "up": torch.zeros(numel * triton.cdiv(inter, up[0]) * 3, dtype=torch.int64, device=DEV),
+                "down": torch.zeros(T * triton.cdiv(H, down[0]) * 3, dtype=torch.int64, device=DEV),
+            }
+            traced(name, c, pair(up, down, parts), parts, key="moe17")
+    log(f"  {c.name} registers, spills: {regs}")
+    RES["moe17"].append({"case": c.name, "registers_spills": regs})
+    save()
+
+
+# Phase 18: the down kernel's start after phase 17's timelines.  Its programs become resident as up
+# programs end (the up GEMM's last ~2 us, while fewer up programs are left to use the bandwidth)
+# and wait there; PRE2 loads the first two w2 chunks before the wait instead of one (the loop then
+# loads chunk i + 2 after it uses chunk i, so no more than two chunks are held, as now); HA loads
+# the rows of h one chunk ahead, so that no step waits on an L2 round trip for h.
+
+
+@triton.jit
+def _down18(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, tr_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
+            BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, PRE2: tl.constexpr, HA: tl.constexpr,
+            ON: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    stamp = t * tl.num_programs(1) + tl.program_id(1)
+    _stamp_start(tr_ptr, stamp, ON)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    w_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
+    w_ok = slot_ok[:, None, None]
+    b = tl.load(w_ptrs, mask=w_ok & (offs_k < K)[None, None, :], other=0.0)
+    if PRE2:
+        b1 = tl.load(w_ptrs + BK * swk, mask=w_ok & (offs_k < K - BK)[None, None, :], other=0.0)
+    gdc_wait()
+    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * shm + offs_k[None, :] * shk
+    acc = tl.zeros((KB, BN), dtype=tl.float32)
+    if HA:
+        a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    for k0 in range(0, K, BK):
+        if HA:
+            a_cur = a
+            a = tl.load(a_ptrs + BK * shk, mask=slot_ok[:, None] & (offs_k < K - k0 - BK)[None, :], other=0.0)
+        else:
+            a_cur = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+        if PRE2:
+            acc += tl.sum(b.to(tl.float32) * a_cur.to(tl.float32)[:, None, :], axis=2)
+            b = b1
+            b1 = tl.load(w_ptrs + 2 * BK * swk, mask=w_ok & (offs_k < K - k0 - 2 * BK)[None, None, :], other=0.0)
+        else:
+            b_next = tl.load(w_ptrs + BK * swk, mask=w_ok & (offs_k < K - k0 - BK)[None, None, :], other=0.0)
+            acc += tl.sum(b.to(tl.float32) * a_cur.to(tl.float32)[:, None, :], axis=2)
+            b = b_next
+        a_ptrs += BK * shk
+        w_ptrs += BK * swk
+    o = tl.sum(acc * weight[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+    _stamp_end(tr_ptr, stamp, ON)
+
+
+UP18 = [(8, 512, 4), (8, 256, 4)]
+DOWN18 = [(4, 128, 4), (4, 256, 8), (2, 128, 2), (2, 256, 4)]
+
+
+def moe_case18(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    regs = {}
+
+    def pair(up, down, pre2, ha, parts=None):
+        (bn_u, bk_u, w_u), (bn_d, bk_d, w_d) = up, down
+        on = parts is not None
+        tr = parts or {"router": idf, "up": idf, "down": idf}  # never written when off
+
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            _t17_router[(T,)](c.logits, wf, idf, tr["router"], T, c.E, k, c.logits.stride(0), c.logits.stride(1),
+                              E_BLOCK=c.e_block, K_BLOCK=kb, ON=on, num_warps=1)  # fmt: skip
+            _t17_up[(numel, triton.cdiv(inter, bn_u))](
+                x, w1, hh, idf, tr["up"], inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=bn_u,
+                BK=bk_u, ON=on, num_warps=w_u, num_stages=1, launch_pdl=True)  # fmt: skip
+            kd = _down18[(T, triton.cdiv(H, bn_d))](
+                hh, w2, out, wf, idf, tr["down"], H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=bn_d,
+                BK=bk_d, KB=kb, PRE2=pre2, HA=ha, ON=on, num_warps=w_d, num_stages=1, launch_pdl=True)  # fmt: skip
+            if kd is not None and hasattr(kd, "n_regs"):
+                regs[f"down {down} pre2={pre2} ha={ha} {'traced' if on else 'plain'}"] = [kd.n_regs, kd.n_spills]
+
+        return run
+
+    runs = {"current": current_layer(c)}
+    combos = [(up, down, pre2, ha) for up in UP18 for down in DOWN18 for pre2 in (False, True) for ha in (False, True)]
+    for up, down, pre2, ha in combos:
+        runs[f"up {up} down {down} pre2={pre2} ha={ha}"] = pair(up, down, pre2, ha)
+    good = checked_runs("moe18", c, runs)
+    ranked = timed_rounds("moe18", c, good, 5)
+    leaders("moe18", c, good, ranked, runs["current"], rounds=7, n=6)
+    for name in [n for n in ranked if n != "current"][:4]:
+        up, down, pre2, ha = next(cb for cb in combos if f"up {cb[0]} down {cb[1]} pre2={cb[2]} ha={cb[3]}" == name)
+        parts = {
+            "router": torch.zeros(T * 3, dtype=torch.int64, device=DEV),
+            "up": torch.zeros(numel * triton.cdiv(inter, up[0]) * 3, dtype=torch.int64, device=DEV),
+            "down": torch.zeros(T * triton.cdiv(H, down[0]) * 3, dtype=torch.int64, device=DEV),
+        }
+        traced(name, c, pair(up, down, pre2, ha, parts), parts, key="moe18")
+    log(f"  {c.name} registers, spills: {regs}")
+    RES["moe18"].append({"case": c.name, "registers_spills": regs})
+    save()
+
+
+# Phase 19: the time outside the layer's span.  Phase 17 put the chained layer's last program's end
+# 26.0 us after the router's first instruction (qwen36) and the events 30.2 us apart: ~4 us of
+# launching and event overhead for three launches, where one empty kernel costs 3.0 us.  Here:
+# chains of one and three empty kernels, plain and as programmatic dependent launches; the layer
+# with the router itself a programmatic dependent launch (waiting on the device before it reads);
+# and the router's own time split at the arrival of its (cold) logits.  (In the run of 2026-12-01 the
+# split read 0.06 us: its load did not depend on the first stamp, so the compiler issued it before;
+# the load now takes an offset computed from that stamp, t0 >> 63, zero for any time the
+# global timer reads.)
+
+
+@triton.jit
+def _e19(x_ptr, WAIT: tl.constexpr, TRIG: tl.constexpr):
+    if WAIT:
+        gdc_wait()
+    if TRIG:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _r19(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, E_BLOCK: tl.constexpr,
+         K_BLOCK: tl.constexpr):  # fmt: skip
+    gdc_wait()
+    M._topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, True, 1, E_BLOCK,
+                           K_BLOCK, True)  # fmt: skip
+
+
+@triton.jit
+def _r19_split(logits_ptr, tr_ptr, E, E_BLOCK: tl.constexpr):
+    # start, the logits' arrival (a stamp that depends on their max), the softmax's end.
+    t0 = globaltimer()
+    tl.store(tr_ptr, t0)
+    ex = tl.arange(0, E_BLOCK)
+    x = tl.load(logits_ptr + ex + (t0 >> 63).to(tl.int32), mask=ex < E, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    tl.store(tr_ptr + 1, tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,f", [m], dtype=tl.int64,
+                                                   is_pure=False, pack=1))  # fmt: skip
+    p = tl.exp(x - m)
+    s = tl.sum(p, axis=0)
+    tl.store(tr_ptr + 2, tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,f", [s], dtype=tl.int64,
+                                                   is_pure=False, pack=1))  # fmt: skip
+
+
+def moe_case19(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    dummy = torch.empty(1, device=DEV)
+    pdl = {"launch_pdl": True}
+    chains = {
+        "1 empty": lambda: _e19[(1,)](dummy, WAIT=False, TRIG=False),
+        "3 empty, plain": lambda: [_e19[(1,)](dummy, WAIT=False, TRIG=False) for _ in range(3)],
+        "3 empty, 2nd and 3rd PDL": lambda: (
+            _e19[(1,)](dummy, WAIT=False, TRIG=True),
+            _e19[(1,)](dummy, WAIT=True, TRIG=True, **pdl),
+            _e19[(1,)](dummy, WAIT=True, TRIG=False, **pdl),
+        ),
+        "3 empty, all PDL": lambda: (
+            _e19[(1,)](dummy, WAIT=True, TRIG=True, **pdl),
+            _e19[(1,)](dummy, WAIT=True, TRIG=True, **pdl),
+            _e19[(1,)](dummy, WAIT=True, TRIG=False, **pdl),
+        ),
+    }
+    for name, fn in chains.items():
+        row = {"case": c.name, "config": name}
+        attempt("moe19", row, f"{c.name} {name}", lambda fn=fn, row=row: row.update(us=gpu_ms(fn) * 1e3),
+                lambda r: f"{r['us']:.2f} us")  # fmt: skip
+        graph_row = {"case": c.name, "config": name + " (graph)"}
+
+        def in_graph(fn=fn, row=graph_row):
+            graph, _ = captured(fn)
+            row["us"] = gpu_ms(graph.replay) * 1e3
+
+        attempt("moe19", graph_row, f"{c.name} {name} (graph)", in_graph, lambda r: f"{r['us']:.2f} us")
+
+    v = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+
+    def layer(router_pdl):
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            if router_pdl:
+                _r19[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1), E_BLOCK=c.e_block,
+                           K_BLOCK=kb, num_warps=1, launch_pdl=True)  # fmt: skip
+            else:
+                router(c, True)
+            M._simt_up[(numel, triton.cdiv(inter, v.block_n))](
+                x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+                EVEN_K=H % v.block_k == 0, BLOCK_N=v.block_n, BLOCK_K=v.block_k, PDL=True, num_warps=v.num_warps,
+                num_stages=1, launch_pdl=True)  # fmt: skip
+            M._simt_down[(T, triton.cdiv(H, v.down_block_n))](
+                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=v.down_block_n,
+                BLOCK_K=v.down_block_k, KB=kb, PDL=True, num_warps=v.down_num_warps, num_stages=1,
+                launch_pdl=True)  # fmt: skip
+
+        return run
+
+    runs = {"current": current_layer(c), "layer": layer(False), "layer, router PDL": layer(True)}
+    good = checked_runs("moe19", c, runs)
+    for name in timed_rounds("moe19", c, good, 7):
+        graph_timed("moe19", c, name, good[name])
+    tr = torch.zeros(3, dtype=torch.int64, device=DEV)
+    spans = []
+    for _ in range(20):
+        flush_l2()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        _r19_split[(1,)](c.logits, tr, c.E, E_BLOCK=c.e_block, num_warps=1)
+        torch.cuda.synchronize()
+        t = tr.tolist()
+        spans.append(((t[1] - t[0]) / 1e3, (t[2] - t[1]) / 1e3))
+    load_us = statistics.median(a for a, _ in spans)
+    softmax_us = statistics.median(b for _, b in spans)
+    RES["moe19"].append({"case": c.name, "config": "router split", "logits_arrival_us": load_us,
+                         "softmax_us": softmax_us})  # fmt: skip
+    log(f"  {c.name} router: cold logits arrive {load_us:.2f} us after its start; softmax {softmax_us:.2f} us more")
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -2601,6 +3203,10 @@ def main():
         13: (None, moe_case13),
         14: (None, moe_case14),
         15: (None, moe_case15),
+        16: (None, moe_case16),
+        17: (None, moe_case17),
+        18: (None, moe_case18),
+        19: (None, moe_case19),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -2625,6 +3231,10 @@ def main():
         jobs += [(att, c) for c in cases]
     if moe is not None and ARGS.only in (None, "moe"):
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ((1, 4, 16) if ARGS.phase in (5, 8) else (1, 4))]
+        if ARGS.phase in (17, 18, 19):
+            jobs = [j for j in jobs if j[1][1] == 1]
+        if ARGS.phase in (16, 17, 18, 19) and ARGS.quick:
+            jobs = jobs[:1]
     for fn, args in jobs:
         try:
             fn(*args)
