@@ -47,6 +47,7 @@ value)], "conditions": ["M <= 16", ...], "record": {field: value}, "values": [(f
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from .records import SpecTree
@@ -78,6 +79,26 @@ def literal(value: Any) -> str:
     if isinstance(value, str) and text.startswith("'") and '"' not in value:
         return '"' + text[1:-1] + '"'
     return text
+
+
+# Columns of generated code: black's line length for generated/ (codegen/render.py's BLACK_MODE).
+LINE_LENGTH = 100
+
+
+def keyword_arguments(values: dict[str, Any], indent: int = 8) -> str:
+    """``NAME=literal, ...`` for a call a template lays out itself (``# fmt: skip``), indented by
+    ``indent`` and wrapped between arguments to fit generated code's line length, with room for
+    the comma or parenthesis the template puts after the last."""
+    text = ", ".join(f"{name}={literal(value)}" for name, value in values.items())
+    pad = " " * indent
+    return textwrap.fill(
+        text,
+        width=LINE_LENGTH - 1,
+        initial_indent=pad,
+        subsequent_indent=pad,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def bound_conditions(bounds: Any) -> list[str]:

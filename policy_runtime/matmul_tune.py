@@ -15,7 +15,8 @@ this protocol (``codegen/tune/measure.py``):
 
 A record runs through the same launchers as the generated kernels (``Variant.launch`` of
 policy_runtime/matmul.py: split rule, workspaces, TMA descriptors and fallback), on the kernel
-body that generated/matmul.py's wrapper for that record would call, with the same constants.
+body that generated/matmul.py's wrapper for that record would call, with the same constants (one
+mapping for both: policy_runtime/matmul_constexprs.py).
 """
 
 from __future__ import annotations
@@ -25,38 +26,19 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import matmul as _mm
+from .matmul_constexprs import body_constants, fallback_record
 from .tuning import BoundKernel, Harness, Problem
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:
-    """The runtime ``Variant`` of a bucket record: what templates/matmul_context.py gives the
-    generated wrapper (constants, fp32's ieee dot, a TMA kernel's pointer-kernel fallback)."""
-    prec = "ieee" if dtype_bytes == 4 else "tf32"
+    """The runtime ``Variant`` of a bucket record: its kernel the body and constants
+    generated/matmul.py's wrapper would have, a TMA kernel's pointer-kernel fallback the one it
+    would name (policy_runtime/matmul_constexprs.py, which the template's context reads too)."""
     kind = record["kernel"]
-    tiles = dict(BLOCK_M=record["block_m"], BLOCK_N=record["block_n"], BLOCK_K=record["block_k"])
-    if kind == "grouped":
-        body, consts = _mm._grouped, dict(tiles, GROUP_M=record["group_m"], SPLIT_K=record["split_k"], DOT_PREC=prec)
-    elif kind == "small_m":
-        body = _mm._small_m
-        consts = dict(tiles, SPLIT_K=record["split_k"], STAGES=record["num_stages"], DOT_PREC=prec)
-    else:
-        body = _mm._tma_persistent
-        consts = dict(
-            tiles,
-            GROUP_M=record["group_m"],
-            SPLIT_K=record["split_k"],
-            NUM_PROGS=record["num_programs"],
-            EPILOGUE_SUBTILE=record["epilogue_subtile"],
-            FLATTEN=record["flatten"],
-            DOT_PREC=prec,
-        )
-    fallback = None
-    if kind == "tma_persistent":
-        fb = dict(record, kernel="grouped", flatten=False, epilogue_subtile=1)
-        fb["num_programs"] = record["num_programs"] if record["split_k"] > 1 else 0
-        fallback = variant(fb, dtype_bytes)
+    body, constants = body_constants(record, dtype_bytes)
+    fallback = variant(fallback_record(record), dtype_bytes) if kind == "tma_persistent" else None
     return _mm.Variant(
-        kernel=BoundKernel(body, f"candidate_{kind}", consts),
+        kernel=BoundKernel(getattr(_mm, body), f"candidate_{kind}", constants),
         kind=kind,
         block_m=record["block_m"],
         block_n=record["block_n"],

@@ -6,7 +6,7 @@ layer's sizes come from ``params`` (the spec hands the model's ``num_experts``, 
 ``moe_intermediate_size`` and ``top_k``), the routing from a seeded top-k softmax.  A record runs
 through ``Variant.run`` of policy_runtime/moe.py (alignment, both GEMMs, the sum), as
 ``fused_moe`` runs a bucket's kernels, on the kernel bodies generated/moe.py's wrappers would call
-with the record's constants.  No vendor library: the family declares no backend to choose.
+with the record's constants (one mapping for both: policy_runtime/moe_constexprs.py).  No vendor library: the family declares no backend to choose.
 """
 
 from __future__ import annotations
@@ -16,41 +16,31 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import moe as _moe
+from .moe_constexprs import body_constants
 from .tuning import BoundKernel, Harness, Problem
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
-    """The runtime ``Variant`` of a ``MoELaunchConfig`` record, as generated/moe.py builds one."""
-    prec = "ieee" if dtype_bytes == 4 else "tf32"
-    n, k = record["block_size_n"], record["block_size_k"]
-    dn, dk = record["down_block_size_n"], record["down_block_size_k"]
-    if record["kernel"] == "gemv":
-        up = BoundKernel(_moe._gemv_up, "candidate_gemv_up", dict(BLOCK_N=n, BLOCK_K=k, DOT_PREC=prec))
-        down = BoundKernel(_moe._gemv_down, "candidate_gemv_down", dict(BLOCK_N=dn, BLOCK_K=dk, DOT_PREC=prec))
-    elif record["kernel"] == "simt":
-        up = BoundKernel(_moe._simt_up, "candidate_simt_up", dict(BLOCK_N=n, BLOCK_K=k))
-        down = BoundKernel(_moe._simt_down, "candidate_simt_down", dict(BLOCK_N=dn, BLOCK_K=dk))
-    else:
-        rows = dict(BLOCK_M=record["block_size_m"], GROUP_M=record["group_size_m"], DOT_PREC=prec)
-        up = BoundKernel(_moe._grouped_up, "candidate_grouped_up", dict(rows, BLOCK_N=n, BLOCK_K=k))
-        down = BoundKernel(
-            _moe._grouped_down,
-            "candidate_grouped_down",
-            dict(rows, BLOCK_N=dn, BLOCK_K=dk, FUSE_SUM=record["fuse_sum"]),
-        )
+    """The runtime ``Variant`` of a ``MoELaunchConfig`` record: its kernels the bodies and constants
+    generated/moe.py's wrappers would have (policy_runtime/moe_constexprs.py, which the template's
+    context reads too)."""
+    kernels = {
+        part: BoundKernel(getattr(_moe, body), f"candidate{body}", constants)
+        for part, (body, constants) in body_constants(record, dtype_bytes).items()
+    }
     return _moe.Variant(
-        up=up,
-        down=down,
+        up=kernels["up"],
+        down=kernels["down"],
         kind=record["kernel"],
         block_m=record["block_size_m"],
-        block_n=n,
-        block_k=k,
+        block_n=record["block_size_n"],
+        block_k=record["block_size_k"],
         group_m=record["group_size_m"],
         num_warps=record["num_warps"],
         num_stages=record["num_stages"],
         fuse_sum=record["fuse_sum"],
-        down_block_n=dn,
-        down_block_k=dk,
+        down_block_n=record["down_block_size_n"],
+        down_block_k=record["down_block_size_k"],
         down_num_warps=record["down_num_warps"],
         chained=record["chained"],
     )

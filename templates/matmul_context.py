@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from codegen.context import literal
+from codegen.context import keyword_arguments, literal
+from policy_runtime.matmul_constexprs import body_constants, fallback_record
 
 # Record fields that become a Triton kernel's constants (the rest choose the backend).
 KERNEL_FIELDS = (
@@ -74,25 +75,22 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
         name = kernel_name(tag, consts)
         entry = kernels.get(name)
         if entry is None:
+            # The body and the constants its wrapper passes (shared with codegen tune's harness,
+            # policy_runtime/matmul_tune.py).
+            body, constants = body_constants(consts, dtype_bytes)
             entry = kernels[name] = {
                 "name": name,
                 "kind": consts["kernel"],
                 "c": consts,
-                "dot_prec": "ieee" if dtype_bytes == 4 else "tf32",
+                "body": body,
+                "constants": keyword_arguments(constants),
                 "summary": kernel_summary(consts),
                 "users": [],
                 "fallback": None,
             }
         entry["users"].append(user)
         if consts["kernel"] == "tma_persistent":
-            # A split-K fallback splits its one wave of tiles as far as the grouped kernel does.
-            fb = dict(
-                consts,
-                kernel="grouped",
-                flatten=False,
-                epilogue_subtile=1,
-                num_programs=consts["num_programs"] if consts["split_k"] > 1 else 0,
-            )
+            fb = fallback_record(consts)
             entry["fallback"] = kernel_for(tag, dtype_bytes, fb, f"{user} (non-TMA operands)")
         return name
 
@@ -137,7 +135,8 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
     # Pointer kernels first, so a TMA kernel's record can name its fallback.
     ordered = sorted(kernels.values(), key=lambda k: (k["kind"] == "tma_persistent", k["name"]))
     for k in ordered:
-        named = {"name": k["name"], "kind": k["kind"], "dot_prec": k["dot_prec"], "fallback": k["fallback"]}
+        named = {"name": k["name"], "kind": k["kind"], "fallback": k["fallback"]}
         k["literal"] = {field: literal(value) for field, value in {**k["c"], **named}.items()}
-    kinds = sorted({k["kind"] for k in ordered})
-    return {"kernels": ordered, "kinds": kinds, "policies": policies, "tables": tables}
+    # The kernel bodies the module imports: those some bucket's kernels call.
+    bodies = sorted({k["body"] for k in ordered})
+    return {"kernels": ordered, "bodies": bodies, "policies": policies, "tables": tables}

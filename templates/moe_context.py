@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from codegen.context import literal
+from codegen.context import keyword_arguments, literal
+from policy_runtime.moe_constexprs import body_constants
 
 # Record fields that become the kernels' constants (every field of a moe_launch record).
 KERNEL_FIELDS = (
@@ -104,7 +105,9 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
                         "name": kname,
                         "kind": consts["kernel"],
                         "c": consts,
-                        "dot_prec": "ieee" if dtype_bytes == 4 else "tf32",
+                        # Each kernel's body and the constants its wrapper passes (shared with
+                        # codegen tune's harness, policy_runtime/moe_tune.py).
+                        "bodies": body_constants(consts, dtype_bytes),
                         "summary": kernel_summary(consts),
                         "users": [],
                     },
@@ -133,10 +136,11 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
             selectors[inst["symbol"]] = pname
         tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
     ordered = sorted(kernels.values(), key=lambda k: k["name"])
-    # The kernel bodies the module imports: those of the kinds some bucket uses.
-    bodies = sorted(f"_{kind}_{part}" for kind in {k["kind"] for k in ordered} for part in ("up", "down"))
+    # The kernel bodies the module imports: those some bucket's kernels call.
+    bodies = sorted({body for k in ordered for body, _ in k["bodies"].values()})
     for k in ordered:
-        k["literal"] = {
-            field: literal(value) for field, value in {**k["c"], "name": k["name"], "dot_prec": k["dot_prec"]}.items()
-        }
+        k["literal"] = {field: literal(value) for field, value in {**k["c"], "name": k["name"]}.items()}
+        for part, (body, constants) in k["bodies"].items():
+            k[f"{part}_body"] = body
+            k[f"{part}_constants"] = keyword_arguments(constants)
     return {"kernels": ordered, "bodies": bodies, "policies": policies, "tables": tables}

@@ -467,3 +467,65 @@ def test_the_attention_harness_runs_decode_records_in_the_interpreter():
     for ps in (32, 64):  # V2 partitions of 32 and 64 tokens past a 64-token V1 limit
         out = problem.kernel(dict(record, partition_size=ps, v1_v2_threshold=64))()
         assert problem.error(out) < 2e-3
+
+
+def _wrapper_call(kernel) -> tuple[str, dict]:
+    """The body a generated wrapper calls and the constants it passes (its keyword arguments whose
+    values are literals; passed-through ones such as ``PDL=PDL`` are not), read from its source."""
+    import ast
+    import inspect
+    import textwrap
+
+    (func,) = ast.parse(textwrap.dedent(inspect.getsource(kernel.fn))).body
+    (stmt,) = func.body
+    call = stmt.value
+    return call.func.id, {
+        kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if isinstance(kw.value, ast.Constant)
+    }
+
+
+def test_the_tune_harnesses_launch_the_body_and_constants_the_generated_wrappers_pass():
+    # The tuner must time the kernel the build would generate: for every kernel of generated/moe.py
+    # and generated/matmul.py, the harness's variant of its record calls the same body with the
+    # same constants as the wrapper (a TMA kernel's fallback too).
+    import generated.matmul as GM
+    import generated.moe as GE
+    from policy_runtime import matmul as mm_runtime
+    from policy_runtime import matmul_tune, moe_tune
+    from policy_runtime import moe as moe_runtime
+
+    for name, v in GE.VARIANTS.items():
+        dtype_bytes = 4 if name.startswith("_moe_fp32_") else 2
+        record = dict(
+            kernel=v.kind, block_size_m=v.block_m, block_size_n=v.block_n, block_size_k=v.block_k,
+            group_size_m=v.group_m, num_warps=v.num_warps, num_stages=v.num_stages, fuse_sum=v.fuse_sum,
+            down_block_size_n=v.down_block_n, down_block_size_k=v.down_block_k, down_num_warps=v.down_num_warps,
+            chained=v.chained,
+        )  # fmt: skip
+        tuned = moe_tune.variant(record, dtype_bytes)
+        for part in ("up", "down"):
+            body, constants = _wrapper_call(getattr(v, part))
+            assert getattr(tuned, part).body is getattr(moe_runtime, body), (name, part)
+            assert getattr(tuned, part).consts == constants, (name, part)
+    assert len(GE.VARIANTS) >= 20
+
+    kinds = set()
+    for name, v in GM.VARIANTS.items():
+        dtype_bytes = 4 if name.startswith("_mm_fp32_") else 2
+        body, constants = _wrapper_call(v.kernel)
+        record = dict(
+            kernel=v.kind, block_m=v.block_m, block_n=v.block_n, block_k=v.block_k, group_m=v.group_m,
+            split_k=v.split_k, num_warps=v.num_warps, num_stages=v.num_stages, num_programs=v.num_programs,
+            flatten=constants.get("FLATTEN", False), epilogue_subtile=constants.get("EPILOGUE_SUBTILE", 1),
+        )  # fmt: skip
+        tuned = matmul_tune.variant(record, dtype_bytes)
+        assert tuned.kernel.body is getattr(mm_runtime, body) and tuned.kernel.consts == constants, name
+        assert (tuned.fallback is None) == (v.fallback is None), name
+        if v.fallback is not None:
+            fb_body, fb_constants = _wrapper_call(v.fallback.kernel)
+            assert tuned.fallback.kernel.body is getattr(mm_runtime, fb_body), name
+            assert tuned.fallback.kernel.consts == fb_constants, name
+            fields = ("kind", "block_m", "block_n", "block_k", "group_m", "split_k", "num_programs")
+            assert [getattr(tuned.fallback, f) for f in fields] == [getattr(v.fallback, f) for f in fields], name
+        kinds.add(v.kind)
+    assert kinds == {"grouped", "small_m", "tma_persistent"}

@@ -1,0 +1,35 @@
+"""The ``tl.constexpr`` values a ``moe_launch`` record gives fused MoE's kernel bodies.
+
+One mapping for both places that launch a record's kernels: templates/moe_context.py (run by
+the compiler) bakes these values into generated/moe.py's wrappers, and policy_runtime/moe_tune.py
+binds them to the same bodies when ``codegen tune`` runs a candidate record, so the tuner times
+the kernel the build would generate.  Plain Python (no torch, no triton), so that the compiler
+can import it; the bodies themselves are in policy_runtime/moe.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+def body_constants(record: Mapping[str, Any], dtype_bytes: int) -> dict[str, tuple[str, dict[str, Any]]]:
+    """``{"up": (body, constants), "down": (body, constants)}`` for one record: the name of the
+    body in policy_runtime/moe.py each kernel calls, and its constants in the order the generated
+    wrapper passes them."""
+    kind = record["kernel"]
+    # tl.dot's input precision: fp32 operands in full precision (Triton's default rounds them to
+    # tf32); for 16-bit operands Triton's default, which changes nothing.
+    prec = "ieee" if dtype_bytes == 4 else "tf32"
+    up_tile = dict(BLOCK_N=record["block_size_n"], BLOCK_K=record["block_size_k"])
+    down_tile = dict(BLOCK_N=record["down_block_size_n"], BLOCK_K=record["down_block_size_k"])
+    if kind == "grouped":
+        rows = dict(BLOCK_M=record["block_size_m"])
+        group = dict(GROUP_M=record["group_size_m"], DOT_PREC=prec)
+        up = dict(rows, **up_tile, **group)
+        down = dict(rows, **down_tile, **group, FUSE_SUM=record["fuse_sum"])
+    elif kind == "gemv":
+        up = dict(up_tile, DOT_PREC=prec)
+        down = dict(down_tile, DOT_PREC=prec)
+    else:  # simt: no tensor cores, so no dot precision
+        up, down = up_tile, down_tile
+    return {"up": (f"_{kind}_up", up), "down": (f"_{kind}_down", down)}
