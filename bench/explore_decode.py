@@ -68,6 +68,8 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            kernel, and the rows of h a chunk ahead; T = 1, against the current layer.
 --phase 19 the time outside the layer's span: chains of empty kernels (plain, programmatic dependent
            launch), the layer with the router a dependent launch too, the router's cold logits.
+--phase 20 the router's top-k in one pass (int64 keys of probability and expert, tl.topk) against
+           its k rounds of argmax: alone and in the layer, T = 1; ids and weights checked equal.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -112,11 +114,12 @@ AP.add_argument(
     "14: routing inside the two GEMM launches; 15: MoE decode kernels with capped registers; "
     "16: MoE decode timeline, and both GEMMs split over the intermediate size in one launch; "
     "17: MoE decode timelines over up and down tile pairs; 18: the down kernel's first chunks and h ahead; "
-    "19: launch overhead of chains, the router as a dependent launch",
+    "19: launch overhead of chains, the router as a dependent launch; 20: the router's top-k in one pass",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe20": [],
     "moe19": [],
     "moe18": [],
     "moe17": [],
@@ -3176,6 +3179,105 @@ def moe_case19(shape, T):
     save()
 
 
+# Phase 20: the router's top-k in one pass.  topk_softmax picks its k experts in k rounds, each a
+# warp-wide argmax (five shuffle levels in a row) and a removal.  Here each probability and its
+# expert are packed into one int64 key (the probability's bits above, E_BLOCK - 1 - expert below:
+# larger probability first, the lower expert among equals, as the rounds pick), and Triton's
+# bitonic top-k (tl.topk) keeps the K_BLOCK largest keys: sorting 8 keys within a thread, then five
+# merge levels across lanes, each moving 8 keys at once.
+
+
+@triton.jit
+def _topk20(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, RENORMALIZE: tl.constexpr,
+            BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr):  # fmt: skip
+    if TRIGGER:
+        gdc_launch_dependents()
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ex = tl.arange(0, E_BLOCK)
+    in_t = rows < T
+    in_e = ex < E
+    x = tl.load(
+        logits_ptr + rows.to(tl.int64)[:, None] * stride_lt + ex[None, :] * stride_le,
+        mask=in_t[:, None] & in_e[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    x = tl.where(in_e[None, :], x, float("-inf"))
+    p = tl.exp(x - tl.max(x, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    p = tl.where(in_e[None, :], p, -2.0)  # padding columns are never picked
+    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+    keys = (bits << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
+    top = tl.topk(keys, K_BLOCK, dim=1)
+    idx = (E_BLOCK - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
+    vals = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    kk = tl.arange(0, K_BLOCK)
+    if RENORMALIZE:
+        vals = vals / tl.sum(tl.where(kk[None, :] < k, vals, 0.0), axis=1)[:, None]
+    offs = rows.to(tl.int64)[:, None] * k + kk[None, :]
+    mask = in_t[:, None] & (kk < k)[None, :]
+    tl.store(weights_ptr + offs, vals, mask=mask)
+    tl.store(ids_ptr + offs, idx, mask=mask)
+
+
+def moe_case20(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    v = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+
+    def route(new, trig):
+        if new:
+            _topk20[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1), RENORMALIZE=True,
+                          BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=trig, num_warps=1)  # fmt: skip
+        else:
+            router(c, trig)
+
+    # The same ids and bit-identical weights as topk_softmax, on these logits and on ties.
+    ref_w, ref_i = c.G.topk_softmax(c.logits, k, True)
+    row = {"case": c.name, "config": "router check"}
+
+    def same():
+        route(True, False)
+        torch.cuda.synchronize()
+        row["ids_equal"] = bool(torch.equal(idf.view(T, k), ref_i))
+        row["weights_equal"] = bool(torch.equal(wf.view(T, k), ref_w))
+        tied = c.logits.clone()
+        tied[:, 1::2] = tied[:, 0::2]  # every probability twice
+        tw, ti = c.G.topk_softmax(tied, k, True)
+        _topk20[(T,)](tied, wf, idf, T, c.E, k, tied.stride(0), tied.stride(1), RENORMALIZE=True, BLOCK_T=1,
+                      E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=False, num_warps=1)  # fmt: skip
+        torch.cuda.synchronize()
+        row["ties_equal"] = bool(torch.equal(idf.view(T, k), ti) and torch.equal(wf.view(T, k), tw))
+        row["ok"] = row["ids_equal"] and row["weights_equal"] and row["ties_equal"]
+
+    attempt(
+        "moe20", row, f"{c.name} router check", same, lambda r: str({q: r[q] for q in r if "equal" in q}), done="ok"
+    )
+
+    def layer(new):
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            route(new, True)
+            M._simt_up[(numel, triton.cdiv(inter, v.block_n))](
+                x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+                EVEN_K=H % v.block_k == 0, BLOCK_N=v.block_n, BLOCK_K=v.block_k, PDL=True, num_warps=v.num_warps,
+                num_stages=1, launch_pdl=True)  # fmt: skip
+            M._simt_down[(T, triton.cdiv(H, v.down_block_n))](
+                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=v.down_block_n,
+                BLOCK_K=v.down_block_k, KB=kb, PDL=True, num_warps=v.down_num_warps, num_stages=1,
+                launch_pdl=True)  # fmt: skip
+
+        return run
+
+    alone = {"router, rounds": lambda: route(False, False), "router, one-pass top-k": lambda: route(True, False)}
+    for name in timed_rounds("moe20", c, alone, 7):
+        pass
+    runs = {"current": current_layer(c), "layer, rounds": layer(False), "layer, one-pass top-k": layer(True)}
+    good = checked_runs("moe20", c, runs)
+    for name in timed_rounds("moe20", c, good, 9):
+        graph_timed("moe20", c, name, good[name])
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -3207,6 +3309,7 @@ def main():
         17: (None, moe_case17),
         18: (None, moe_case18),
         19: (None, moe_case19),
+        20: (None, moe_case20),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3231,9 +3334,9 @@ def main():
         jobs += [(att, c) for c in cases]
     if moe is not None and ARGS.only in (None, "moe"):
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ((1, 4, 16) if ARGS.phase in (5, 8) else (1, 4))]
-        if ARGS.phase in (17, 18, 19):
+        if ARGS.phase in (17, 18, 19, 20):
             jobs = [j for j in jobs if j[1][1] == 1]
-        if ARGS.phase in (16, 17, 18, 19) and ARGS.quick:
+        if ARGS.phase in (16, 17, 18, 19, 20) and ARGS.quick:
             jobs = jobs[:1]
     for fn, args in jobs:
         try:
