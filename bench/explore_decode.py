@@ -68,8 +68,9 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            kernel, and the rows of h a chunk ahead; T = 1, against the current layer.
 --phase 19 the time outside the layer's span: chains of empty kernels (plain, programmatic dependent
            launch), the layer with the router a dependent launch too, the router's cold logits.
---phase 20 the router's top-k in one pass (int64 keys of probability and expert, tl.topk) against
-           its k rounds of argmax: alone and in the layer, T = 1; ids and weights checked equal.
+--phase 20 the router's top-k in one pass (int64 keys of probability and expert, tl.topk; since
+           adopted) against its k rounds of argmax: alone and in the layer, T = 1; ids and weights
+           checked equal.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -3063,6 +3064,26 @@ def moe_case18(shape, T):
     save()
 
 
+def simt_layer(c, v, route):
+    """The chained simt layer on bucket variant ``v``'s tiles with ``route()`` as its router
+    (it writes c.wf and c.idf and lets the up kernel start)."""
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+
+    def run():
+        hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+        route()
+        M._simt_up[(numel, triton.cdiv(inter, v.block_n))](
+            x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+            EVEN_K=H % v.block_k == 0, BLOCK_N=v.block_n, BLOCK_K=v.block_k, PDL=True, num_warps=v.num_warps,
+            num_stages=1, launch_pdl=True)  # fmt: skip
+        M._simt_down[(c.T, triton.cdiv(H, v.down_block_n))](
+            hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=v.down_block_n,
+            BLOCK_K=v.down_block_k, KB=kb, PDL=True, num_warps=v.down_num_warps, num_stages=1,
+            launch_pdl=True)  # fmt: skip
+
+    return run
+
+
 # Phase 19: the time outside the layer's span.  Phase 17 put the chained layer's last program's end
 # 26.0 us after the router's first instruction (qwen36) and the events 30.2 us apart: ~4 us of
 # launching and event overhead for three launches, where one empty kernel costs 3.0 us.  Here:
@@ -3139,24 +3160,12 @@ def moe_case19(shape, T):
 
     v = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
 
-    def layer(router_pdl):
-        def run():
-            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
-            if router_pdl:
-                _r19[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1), E_BLOCK=c.e_block,
-                           K_BLOCK=kb, num_warps=1, launch_pdl=True)  # fmt: skip
-            else:
-                router(c, True)
-            M._simt_up[(numel, triton.cdiv(inter, v.block_n))](
-                x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
-                EVEN_K=H % v.block_k == 0, BLOCK_N=v.block_n, BLOCK_K=v.block_k, PDL=True, num_warps=v.num_warps,
-                num_stages=1, launch_pdl=True)  # fmt: skip
-            M._simt_down[(T, triton.cdiv(H, v.down_block_n))](
-                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=v.down_block_n,
-                BLOCK_K=v.down_block_k, KB=kb, PDL=True, num_warps=v.down_num_warps, num_stages=1,
-                launch_pdl=True)  # fmt: skip
+    def router_pdl():
+        _r19[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1), E_BLOCK=c.e_block,
+                   K_BLOCK=kb, num_warps=1, launch_pdl=True)  # fmt: skip
 
-        return run
+    def layer(pdl):
+        return simt_layer(c, v, router_pdl if pdl else lambda: router(c, True))
 
     runs = {"current": current_layer(c), "layer": layer(False), "layer, router PDL": layer(True)}
     good = checked_runs("moe19", c, runs)
@@ -3179,17 +3188,18 @@ def moe_case19(shape, T):
     save()
 
 
-# Phase 20: the router's top-k in one pass.  topk_softmax picks its k experts in k rounds, each a
-# warp-wide argmax (five shuffle levels in a row) and a removal.  Here each probability and its
-# expert are packed into one int64 key (the probability's bits above, E_BLOCK - 1 - expert below:
-# larger probability first, the lower expert among equals, as the rounds pick), and Triton's
-# bitonic top-k (tl.topk) keeps the K_BLOCK largest keys: sorting 8 keys within a thread, then five
-# merge levels across lanes, each moving 8 keys at once.
+# Phase 20: the router's top-k in one pass (since adopted: topk_softmax's body; router() above runs
+# it, so phases 10-19 rerun with it).  _topk_rounds is the body before: k rounds, each a row-wide
+# argmax (five shuffle levels in a row at one warp) and a removal.  The one-pass body packs each
+# probability and its expert into one int64 key (the probability's bits above, E_BLOCK - 1 - expert
+# below: larger probability first, the lower expert among equals, as the rounds pick) and keeps the
+# K_BLOCK largest keys with Triton's bitonic top-k (tl.topk): a sort within each thread, then merges
+# across lanes, each moving K_BLOCK keys at once.
 
 
 @triton.jit
-def _topk20(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, RENORMALIZE: tl.constexpr,
-            BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr):  # fmt: skip
+def _topk_rounds(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, RENORMALIZE: tl.constexpr,
+                 BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr):  # fmt: skip
     if TRIGGER:
         gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -3204,15 +3214,17 @@ def _topk20(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le, REN
     x = tl.where(in_e[None, :], x, float("-inf"))
     p = tl.exp(x - tl.max(x, axis=1)[:, None])
     p = p / tl.sum(p, axis=1)[:, None]
-    p = tl.where(in_e[None, :], p, -2.0)  # padding columns are never picked
-    bits = p.to(tl.int32, bitcast=True).to(tl.int64)
-    keys = (bits << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
-    top = tl.topk(keys, K_BLOCK, dim=1)
-    idx = (E_BLOCK - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
-    vals = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    p = tl.where(in_e[None, :], p, -2.0)
     kk = tl.arange(0, K_BLOCK)
+    vals = tl.zeros((BLOCK_T, K_BLOCK), dtype=tl.float32)
+    idx = tl.zeros((BLOCK_T, K_BLOCK), dtype=tl.int32)
+    for j in range(0, k):
+        best, at = tl.max(p, axis=1, return_indices=True, return_indices_tie_break_left=True)
+        vals = tl.where(kk[None, :] == j, best[:, None], vals)
+        idx = tl.where(kk[None, :] == j, at[:, None], idx)
+        p = tl.where(ex[None, :] == at[:, None], -1.0, p)
     if RENORMALIZE:
-        vals = vals / tl.sum(tl.where(kk[None, :] < k, vals, 0.0), axis=1)[:, None]
+        vals = vals / tl.sum(vals, axis=1)[:, None]
     offs = rows.to(tl.int64)[:, None] * k + kk[None, :]
     mask = in_t[:, None] & (kk < k)[None, :]
     tl.store(weights_ptr + offs, vals, mask=mask)
@@ -3224,53 +3236,39 @@ def moe_case20(shape, T):
     x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
     v = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
 
+    def rounds(logits, trig):
+        _topk_rounds[(T,)](logits, wf, idf, T, c.E, k, logits.stride(0), logits.stride(1), RENORMALIZE=True,
+                           BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=trig, num_warps=1)  # fmt: skip
+
     def route(new, trig):
         if new:
-            _topk20[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1), RENORMALIZE=True,
-                          BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=trig, num_warps=1)  # fmt: skip
-        else:
             router(c, trig)
+        else:
+            rounds(c.logits, trig)
 
-    # The same ids and bit-identical weights as topk_softmax, on these logits and on ties.
-    ref_w, ref_i = c.G.topk_softmax(c.logits, k, True)
+    # The one-pass body's ids and weights equal the rounds' bit for bit, on these logits and on ties.
     row = {"case": c.name, "config": "router check"}
 
     def same():
-        route(True, False)
-        torch.cuda.synchronize()
-        row["ids_equal"] = bool(torch.equal(idf.view(T, k), ref_i))
-        row["weights_equal"] = bool(torch.equal(wf.view(T, k), ref_w))
-        tied = c.logits.clone()
-        tied[:, 1::2] = tied[:, 0::2]  # every probability twice
-        tw, ti = c.G.topk_softmax(tied, k, True)
-        _topk20[(T,)](tied, wf, idf, T, c.E, k, tied.stride(0), tied.stride(1), RENORMALIZE=True, BLOCK_T=1,
-                      E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=False, num_warps=1)  # fmt: skip
-        torch.cuda.synchronize()
-        row["ties_equal"] = bool(torch.equal(idf.view(T, k), ti) and torch.equal(wf.view(T, k), tw))
-        row["ok"] = row["ids_equal"] and row["weights_equal"] and row["ties_equal"]
+        for name, logits in (("", c.logits), ("ties_", c.logits.clone())):
+            if name:
+                logits[:, 1::2] = logits[:, 0::2]  # every probability twice
+            new_w, new_i = c.G.topk_softmax(logits, k, True)
+            rounds(logits, False)
+            torch.cuda.synchronize()
+            row[name + "ids_equal"] = bool(torch.equal(idf.view(T, k), new_i))
+            row[name + "weights_equal"] = bool(torch.equal(wf.view(T, k), new_w))
+        row["ok"] = all(row[q] for q in row if q.endswith("_equal"))
 
     attempt(
         "moe20", row, f"{c.name} router check", same, lambda r: str({q: r[q] for q in r if "equal" in q}), done="ok"
     )
 
     def layer(new):
-        def run():
-            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
-            route(new, True)
-            M._simt_up[(numel, triton.cdiv(inter, v.block_n))](
-                x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
-                EVEN_K=H % v.block_k == 0, BLOCK_N=v.block_n, BLOCK_K=v.block_k, PDL=True, num_warps=v.num_warps,
-                num_stages=1, launch_pdl=True)  # fmt: skip
-            M._simt_down[(T, triton.cdiv(H, v.down_block_n))](
-                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=v.down_block_n,
-                BLOCK_K=v.down_block_k, KB=kb, PDL=True, num_warps=v.down_num_warps, num_stages=1,
-                launch_pdl=True)  # fmt: skip
-
-        return run
+        return simt_layer(c, v, lambda: route(new, True))
 
     alone = {"router, rounds": lambda: route(False, False), "router, one-pass top-k": lambda: route(True, False)}
-    for name in timed_rounds("moe20", c, alone, 7):
-        pass
+    timed_rounds("moe20", c, alone, 7)
     runs = {"current": current_layer(c), "layer, rounds": layer(False), "layer, one-pass top-k": layer(True)}
     good = checked_runs("moe20", c, runs)
     for name in timed_rounds("moe20", c, good, 9):
