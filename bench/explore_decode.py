@@ -71,6 +71,8 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
 --phase 20 the router's top-k in one pass (int64 keys of probability and expert, tl.topk; since
            adopted) against its k rounds of argmax: alone and in the layer, T = 1; ids and weights
            checked equal.
+--phase 21 MoE decode: phase 14's routing inside the two GEMM launches with the one-pass top-k (on one
+           copy of the row, or one a warp), against the chained layer on h200's and e128's tiles; T = 1.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -115,11 +117,13 @@ AP.add_argument(
     "14: routing inside the two GEMM launches; 15: MoE decode kernels with capped registers; "
     "16: MoE decode timeline, and both GEMMs split over the intermediate size in one launch; "
     "17: MoE decode timelines over up and down tile pairs; 18: the down kernel's first chunks and h ahead; "
-    "19: launch overhead of chains, the router as a dependent launch; 20: the router's top-k in one pass",
+    "19: launch overhead of chains, the router as a dependent launch; 20: the router's top-k in one pass; "
+    "21: routing inside the GEMM launches with the one-pass top-k",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe21": [],
     "moe20": [],
     "moe19": [],
     "moe18": [],
@@ -2410,7 +2414,26 @@ def moe_case13(shape, T):
 
 @triton.jit
 def _topk_row(logits_ptr, t, E, k, stride_lt, stride_le, RENORMALIZE: tl.constexpr, E_BLOCK: tl.constexpr,
-              K_BLOCK: tl.constexpr):  # fmt: skip
+              K_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, ROWS: tl.constexpr):  # fmt: skip
+    # ONE_PASS (phase 21): topk_softmax's one-pass top-k on ROWS identical copies of the row (one a
+    # warp at ROWS = num_warps, so that its merges stay within a warp), the copies' results then
+    # equal; else (phase 14) k rounds of argmax.
+    if ONE_PASS:
+        rr = tl.arange(0, ROWS)
+        ex2 = tl.arange(0, E_BLOCK)
+        in_e2 = ex2 < E
+        xr = tl.load(logits_ptr + t.to(tl.int64) * stride_lt + ex2[None, :] * stride_le + 0 * rr[:, None],
+                     mask=in_e2[None, :], other=float("-inf")).to(tl.float32)  # fmt: skip
+        pr = tl.exp(xr - tl.max(xr, axis=1)[:, None])
+        pr = pr / tl.sum(pr, axis=1)[:, None]
+        pr = tl.where(in_e2[None, :], pr, -2.0)
+        keys = (pr.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_BLOCK - 1 - ex2)[None, :].to(tl.int64)
+        top = tl.max(tl.topk(keys, K_BLOCK, dim=1), axis=0)
+        kk2 = tl.arange(0, K_BLOCK)
+        vals2 = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        if RENORMALIZE:
+            vals2 = vals2 / tl.sum(tl.where(kk2 < k, vals2, 0.0), axis=0)
+        return vals2, (E_BLOCK - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
     ex = tl.arange(0, E_BLOCK)
     in_e = ex < E
     x = tl.load(logits_ptr + t.to(tl.int64) * stride_lt + ex * stride_le, mask=in_e, other=float("-inf"),
@@ -2434,14 +2457,15 @@ def _topk_row(logits_ptr, t, E, k, stride_lt, stride_le, RENORMALIZE: tl.constex
 @triton.jit
 def _up_routed(x_ptr, w_ptr, h_ptr, logits_ptr, weights_ptr, ids_ptr, E, N, K, top_k, stride_lt, stride_le, sxm, sxk,
                swe, swn, swk, shm, shn, RENORMALIZE: tl.constexpr, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, ONE_PASS: tl.constexpr,
+               ROWS: tl.constexpr):  # fmt: skip
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     r = tl.program_id(0)
     t = r // top_k
     j = r % top_k
-    vals, idx = _topk_row(logits_ptr, t, E, top_k, stride_lt, stride_le, RENORMALIZE, E_BLOCK, K_BLOCK)
+    vals, idx = _topk_row(logits_ptr, t, E, top_k, stride_lt, stride_le, RENORMALIZE, E_BLOCK, K_BLOCK, ONE_PASS, ROWS)
     kk = tl.arange(0, K_BLOCK)
     expert = tl.sum(tl.where(kk == j, idx, 0), axis=0).to(tl.int64)
     if tl.program_id(1) == 0:
@@ -2473,9 +2497,10 @@ def _up_routed(x_ptr, w_ptr, h_ptr, logits_ptr, weights_ptr, ids_ptr, E, N, K, t
 @triton.jit
 def _down_routed(h_ptr, w_ptr, out_ptr, logits_ptr, E, N, K, top_k, stride_lt, stride_le, stride_hm, stride_hk, swe,
                  swn, swk, som, son, RENORMALIZE: tl.constexpr, E_BLOCK: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                 BK: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr, ONE_PASS: tl.constexpr,
+                 ROWS: tl.constexpr):  # fmt: skip
     t = tl.program_id(0)
-    wts, experts = _topk_row(logits_ptr, t, E, top_k, stride_lt, stride_le, RENORMALIZE, E_BLOCK, KB)
+    wts, experts = _topk_row(logits_ptr, t, E, top_k, stride_lt, stride_le, RENORMALIZE, E_BLOCK, KB, ONE_PASS, ROWS)
     experts = experts.to(tl.int64)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     rows = (offs_n % N).to(tl.int64)
@@ -2501,26 +2526,30 @@ def _down_routed(h_ptr, w_ptr, out_ptr, logits_ptr, E, N, K, top_k, stride_lt, s
     tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
+def routed_layer(c, bn_up, bk_up, w_up, down, one_pass=False, rows=False):
+    """Phases 14 and 21: the layer in two launches, each computing the routing from the logits."""
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    logits, E, e_block, T = c.logits, c.E, c.e_block, c.T
+    bn, bk, w = down
+
+    def run():
+        hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+        _up_routed[(numel, triton.cdiv(inter, bn_up))](
+            x, w1, hh, logits, wf, idf, E, inter, H, k, logits.stride(0), logits.stride(1), x.stride(0),
+            x.stride(1), *w1.stride(), *hh.stride(), RENORMALIZE=True, E_BLOCK=e_block, K_BLOCK=kb, BLOCK_N=bn_up,
+            BLOCK_K=bk_up, PDL=True, ONE_PASS=one_pass, ROWS=w_up if rows else 1, num_warps=w_up, num_stages=1,
+            launch_pdl=True)  # fmt: skip
+        _down_routed[(T, triton.cdiv(H, bn))](
+            hh, w2, out, logits, E, H, inter, k, logits.stride(0), logits.stride(1), *hh.stride(), *w2.stride(),
+            *out.stride(), RENORMALIZE=True, E_BLOCK=e_block, BN=bn, BK=bk, KB=kb, PDL=True, ONE_PASS=one_pass,
+            ROWS=w if rows else 1, num_warps=w, num_stages=1, launch_pdl=True)  # fmt: skip
+
+    return run
+
+
 def moe_case14(shape, T):
     c = moe_setup(shape, T)
     x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
-    logits, E, e_block = c.logits, c.E, c.e_block
-
-    def routed(bn_up, bk_up, w_up, down):
-        bn, bk, w = down
-
-        def run():
-            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
-            _up_routed[(numel, triton.cdiv(inter, bn_up))](
-                x, w1, hh, logits, wf, idf, E, inter, H, k, logits.stride(0), logits.stride(1), x.stride(0),
-                x.stride(1), *w1.stride(), *hh.stride(), RENORMALIZE=True, E_BLOCK=e_block, K_BLOCK=kb, BLOCK_N=bn_up,
-                BLOCK_K=bk_up, PDL=True, num_warps=w_up, num_stages=1, launch_pdl=True)  # fmt: skip
-            _down_routed[(T, triton.cdiv(H, bn))](
-                hh, w2, out, logits, E, H, inter, k, logits.stride(0), logits.stride(1), *hh.stride(), *w2.stride(),
-                *out.stride(), RENORMALIZE=True, E_BLOCK=e_block, BN=bn, BK=bk, KB=kb, PDL=True, num_warps=w,
-                num_stages=1, launch_pdl=True)  # fmt: skip
-
-        return run
 
     def chained(bn_up, bk_up, w_up, down):
         bn, bk, w = down
@@ -2542,7 +2571,7 @@ def moe_case14(shape, T):
     for up in [(8, 512, 4), (8, 256, 4)]:
         for down in [(4, 128, 4), (4, 256, 8)]:
             runs[f"chained up {up} down {down}"] = chained(*up, down)
-            runs[f"routed up {up} down {down}"] = routed(*up, down)
+            runs[f"routed up {up} down {down}"] = routed_layer(c, *up, down)
 
     def same_ids(row, name, fn):
         # The routed kernels' ids against topk_softmax's.
@@ -3276,6 +3305,38 @@ def moe_case20(shape, T):
     save()
 
 
+# Phase 21: phase 14's routing inside the two GEMM launches (no router kernel), with phase 20's
+# one-pass top-k: on one copy of the row spread over all warps (ROWS 1), or on one copy a warp
+# (ROWS = num_warps) so that its merges stay within a warp.  Against the chained layer (with the
+# one-pass router) on h200's tiles and on e128's.
+
+
+def moe_case21(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    e128 = SimpleNamespace(block_n=8, block_k=256, num_warps=4, down_block_n=4, down_block_k=256, down_num_warps=8)
+    runs = {
+        "current": current_layer(c),
+        "chained, e128 tiles": simt_layer(c, e128, lambda: router(c, True)),
+    }
+    for up, down in (((8, 512, 4), (4, 128, 4)), ((8, 256, 4), (4, 256, 8))):
+        runs[f"routed up {up} down {down}, rounds"] = routed_layer(c, *up, down)
+        for rows in (False, True):
+            runs[f"routed up {up} down {down}, one pass, rows={rows}"] = routed_layer(c, *up, down, True, rows)
+
+    def same_ids(row, name, fn):
+        if name.startswith("routed"):
+            row["ids_same"] = bool(torch.equal(idf.view(T, k), c.ids_ref))
+            return row["ids_same"]
+        return True
+
+    good = checked_runs("moe21", c, runs, same_ids)
+    ranked = timed_rounds("moe21", c, good, 9)
+    for name in ranked[:4] + [n for n in ("current", "chained, e128 tiles") if n not in ranked[:4]]:
+        graph_timed("moe21", c, name, good[name])
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -3308,6 +3369,7 @@ def main():
         18: (None, moe_case18),
         19: (None, moe_case19),
         20: (None, moe_case20),
+        21: (None, moe_case21),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3332,9 +3394,9 @@ def main():
         jobs += [(att, c) for c in cases]
     if moe is not None and ARGS.only in (None, "moe"):
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ((1, 4, 16) if ARGS.phase in (5, 8) else (1, 4))]
-        if ARGS.phase in (17, 18, 19, 20):
+        if ARGS.phase in (17, 18, 19, 20, 21):
             jobs = [j for j in jobs if j[1][1] == 1]
-        if ARGS.phase in (16, 17, 18, 19, 20) and ARGS.quick:
+        if ARGS.phase in (16, 17, 18, 19, 20, 21) and ARGS.quick:
             jobs = jobs[:1]
     for fn, args in jobs:
         try:
