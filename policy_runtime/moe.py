@@ -458,7 +458,10 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
     p = p / tl.sum(p, axis=1)[:, None]
     p = tl.where(in_e[None, :], p, -2.0)  # padding columns: negative keys, never picked
     keys = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
-    top = tl.topk(keys, K_BLOCK, dim=1)  # [BLOCK_T, K_BLOCK], largest first
+    if K_BLOCK == 1:
+        top = tl.max(keys, axis=1, keep_dims=True)  # Triton 3.6's tl.topk fails to compile at k = 1
+    else:
+        top = tl.topk(keys, K_BLOCK, dim=1)  # [BLOCK_T, K_BLOCK], largest first
     idx = (E_BLOCK - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
     vals = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     kk = tl.arange(0, K_BLOCK)
