@@ -73,6 +73,7 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            checked equal.
 --phase 21 MoE decode: phase 14's routing inside the two GEMM launches with the one-pass top-k (on one
            copy of the row, or one a warp), against the chained layer on h200's and e128's tiles; T = 1.
+--phase 22 the one-pass router on 1, 2 or 4 warps at one token: alone and in the layer.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -118,11 +119,12 @@ AP.add_argument(
     "16: MoE decode timeline, and both GEMMs split over the intermediate size in one launch; "
     "17: MoE decode timelines over up and down tile pairs; 18: the down kernel's first chunks and h ahead; "
     "19: launch overhead of chains, the router as a dependent launch; 20: the router's top-k in one pass; "
-    "21: routing inside the GEMM launches with the one-pass top-k",
+    "21: routing inside the GEMM launches with the one-pass top-k; 22: the one-pass router's warps",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe22": [],
     "moe21": [],
     "moe20": [],
     "moe19": [],
@@ -3337,6 +3339,36 @@ def moe_case21(shape, T):
     save()
 
 
+# Phase 22: the one-pass router's warps.  topk_softmax gives a decode token one warp (with the k
+# rounds, cross-warp reductions were most of its time: phase 2); the one-pass top-k merges K_BLOCK
+# keys per level, so at 256 experts (8 a lane on one warp) more warps may pay.
+
+
+def moe_case22(shape, T):
+    c = moe_setup(shape, T)
+    v = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+
+    def route(warps, trig):
+        M._topk_softmax_kernel[(T,)](c.logits, c.wf, c.idf, T, c.E, c.k, c.logits.stride(0), c.logits.stride(1),
+                                     RENORMALIZE=True, BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=c.kb, TRIGGER=trig,
+                                     num_warps=warps)  # fmt: skip
+
+    alone = {f"router, {w} warp(s)": (lambda w=w: route(w, False)) for w in (1, 2, 4)}
+    timed_rounds("moe22", c, alone, 7)
+    runs = {"current": current_layer(c)}
+    for w in (1, 2, 4):
+        runs[f"layer, router on {w} warp(s)"] = simt_layer(c, v, lambda w=w: route(w, True))
+
+    def same_ids(row, name, fn):
+        row["ids_same"] = bool(torch.equal(c.idf.view(T, c.k), c.ids_ref))
+        return row["ids_same"]
+
+    good = checked_runs("moe22", c, runs, same_ids)
+    for name in timed_rounds("moe22", c, good, 9):
+        graph_timed("moe22", c, name, good[name])
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -3370,6 +3402,7 @@ def main():
         19: (None, moe_case19),
         20: (None, moe_case20),
         21: (None, moe_case21),
+        22: (None, moe_case22),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3394,9 +3427,9 @@ def main():
         jobs += [(att, c) for c in cases]
     if moe is not None and ARGS.only in (None, "moe"):
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ((1, 4, 16) if ARGS.phase in (5, 8) else (1, 4))]
-        if ARGS.phase in (17, 18, 19, 20, 21):
+        if ARGS.phase in (17, 18, 19, 20, 21, 22):
             jobs = [j for j in jobs if j[1][1] == 1]
-        if ARGS.phase in (16, 17, 18, 19, 20, 21) and ARGS.quick:
+        if ARGS.phase in (16, 17, 18, 19, 20, 21, 22) and ARGS.quick:
             jobs = jobs[:1]
     for fn, args in jobs:
         try:

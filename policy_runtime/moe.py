@@ -762,13 +762,16 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
     if T == 0:
         return weights, ids
     e_block = _launch._pow2ceil(E)
-    # Up to 64 tokens a call (decode), one token a one-warp program: at T = 1 and 4 (256 experts,
-    # top-8) 9.9 -> 6.0 us a call against 16-token, 4-warp tiles on an H200, where the tile's
-    # cross-warp reductions were most of the time (bench/results/h200_explore_decode2.json).
-    # Larger calls keep the tiles of up to 4,096 logits.
+    # Up to 64 tokens a call (decode), one token a program: at T = 1 and 4 (256 experts, top-8) 9.9 ->
+    # 6.0 us a call against 16-token, 4-warp tiles on an H200, where the tile's cross-warp
+    # reductions were most of the time (bench/results/h200_explore_decode2.json, the k-round
+    # top-k).  A warp per 128 experts (4 logits a lane), up to 4: with the one-pass top-k, 256
+    # experts on 2 warps took the router 5.3 against 5.6 us and the chained layer at T = 1 about
+    # 0.4 us less than on one; 128 experts gained nothing from a second
+    # (bench/results/h200_explore_decode22.*).  Larger calls keep the tiles of up to 4,096 logits.
     small = T <= _TOPK_ONE_ROW_MAX_T
     block_t = 1 if small else max(1, min(64, 4096 // e_block))
-    warps = 1 if small and e_block <= 1024 else 4
+    warps = min(4, max(1, e_block // 128)) if small else 4
     if _launch._FIRST_LAUNCH:
         _launch._ready_triton()
     with _guarded(x):

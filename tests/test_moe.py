@@ -477,6 +477,17 @@ def test_topk_softmax_matches_torch(E, k, dtype, T):
         torch.testing.assert_close(weights.cpu().double(), expect, rtol=1e-5, atol=1e-6)
 
 
+def test_topk_softmax_at_256_experts():
+    # Qwen3.6's router: a decode token's program has two warps from 256 experts on (a warp per 128),
+    # where the one-pass top-k merges across warps; a few tokens keep the interpreter quick.
+    logits = torch.randn(5, 256)
+    probs = torch.softmax(logits.double(), dim=-1)
+    want_w, want_i = (t[:, :8] for t in torch.sort(probs, dim=-1, descending=True, stable=True))
+    weights, ids = M.topk_softmax(logits.to(DEVICE), 8, True)
+    assert torch.equal(ids.cpu().long(), want_i)
+    torch.testing.assert_close(weights.cpu().double(), want_w / want_w.sum(-1, keepdim=True), rtol=1e-5, atol=1e-6)
+
+
 def test_topk_softmax_breaks_ties_toward_the_lowest_expert():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]], device=DEVICE)
     weights, ids = M.topk_softmax(logits, 3, False)
