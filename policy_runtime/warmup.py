@@ -62,7 +62,8 @@ multiples of 16 elements keep it), in the dtypes asked:
   top_k, moe_intermediate_size, hidden_size; expert weights as zero-stride views of one expert,
   which Triton specializes as it does their real strides, multiples of 16), with the alignment and
   reduce kernels the bucket launches; and topk_softmax over the model's experts, renormalizing
-  and not.
+  and not, at a decode token count (a token a program) and above (tiles of tokens: the first
+  prefill's routing compiles nothing either).
 
 Everything else (another dtype, activation, block size or model, a stride of another class)
 compiles on first use as before.
@@ -90,6 +91,7 @@ import triton
 from . import cache as _cache
 from . import launch as _launch
 from . import transform as _transform
+from .moe import _TOPK_ONE_ROW_MAX_T
 from .moe import topk_softmax as _topk_softmax
 
 __all__ = [
@@ -478,10 +480,12 @@ class MoEDriver:
                     what = ("fused_moe", model, dtype, b.name, b.variant.name)
                     args = (opts.target, dtype, counts[i], E, k, inter, hidden)
                     calls.append(Call(self.module, "fused_moe", args, what, 3))
-                for renormalize in (True, False):
-                    what = ("topk_softmax", model, dtype, "renormalize" if renormalize else "plain")
-                    args = (opts.target, dtype, 3 if opts.pick == "other" else 1, E, k, renormalize)
-                    calls.append(Call(self.module, "topk_softmax", args, what))
+                # A token a program up to _TOPK_ONE_ROW_MAX_T tokens, tiles of tokens above.
+                for path, T in (("one row", 1), ("tiles", _TOPK_ONE_ROW_MAX_T + 1)):
+                    for renormalize in (True, False):
+                        what = ("topk_softmax", model, dtype, "renormalize" if renormalize else "plain", path)
+                        args = (opts.target, dtype, T + 2 if opts.pick == "other" else T, E, k, renormalize)
+                        calls.append(Call(self.module, "topk_softmax", args, what))
         return calls, notes
 
     @staticmethod

@@ -202,6 +202,13 @@ def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
                 expected.add("_sum_rows")
         assert launched(plan, "moe", "fused_moe", "qwen36", "bfloat16", b.name) == expected
     assert launched(plan, "moe", "topk_softmax") == {"_topk_softmax_kernel"}
+    # The router's two launch shapes (a token a program, tiles of tokens): each its own compile.
+    paths = {
+        c.covers[4]: k
+        for c, k in zip(plan.calls, plan.launches)
+        if c.covers[:3] == ("topk_softmax", "qwen36", "bfloat16") and c.covers[3] == "renormalize"
+    }
+    assert set(paths) == {"one row", "tiles"} and paths["one row"] != paths["tiles"]
     assert not any(c.covers[1] == "llama31_8b" for c in plan.calls if c.module == "generated.moe")
 
 
