@@ -1953,13 +1953,18 @@ def graph_timed(key, c, name, fn):
     attempt(key, row, f"{c.name} {name} (graph)", body, lambda r: f"{r['us']:.1f} us ({r['frac_copy']:.3f})")
 
 
+def timed_with_graphs(key, c, runs, rounds, suffix=""):
+    """timed_rounds over ``runs``, then each, fastest first, as graph replays."""
+    for name in timed_rounds(key, c, runs, rounds, suffix):
+        graph_timed(key, c, name, runs[name])
+
+
 def leaders(key, c, good, ranked, current, rounds=5, n=4):
     """The ``n`` fastest of ``ranked`` and the current layer again, in ``rounds`` interleaved rounds,
     then each as graph replays."""
     lead = {name: good[name] for name in ranked[:n] if name != "current"}
     lead["current"] = current
-    for name in timed_rounds(key, c, lead, rounds, suffix=f" ({rounds} rounds)"):
-        graph_timed(key, c, name, lead[name])
+    timed_with_graphs(key, c, lead, rounds, suffix=f" ({rounds} rounds)")
 
 
 def moe_case10(shape, T):
@@ -2582,8 +2587,7 @@ def moe_case14(shape, T):
 
     idf.fill_(-1)
     good = checked_runs("moe14", c, runs, same_ids)
-    for name in timed_rounds("moe14", c, good, 5):
-        graph_timed("moe14", c, name, good[name])
+    timed_with_graphs("moe14", c, good, 5)
     save()
 
 
@@ -2625,8 +2629,7 @@ def moe_case15(shape, T):
     good = checked_runs("moe15", c, runs)
     log(f"  {c.name} registers, spills: {regs}")
     RES["moe15"].append({"case": c.name, "registers_spills": {key: list(v) for key, v in regs.items()}})
-    for name in timed_rounds("moe15", c, good, 5):
-        graph_timed("moe15", c, name, good[name])
+    timed_with_graphs("moe15", c, good, 5)
     save()
 
 
@@ -3200,8 +3203,7 @@ def moe_case19(shape, T):
 
     runs = {"current": current_layer(c), "layer": layer(False), "layer, router PDL": layer(True)}
     good = checked_runs("moe19", c, runs)
-    for name in timed_rounds("moe19", c, good, 7):
-        graph_timed("moe19", c, name, good[name])
+    timed_with_graphs("moe19", c, good, 7)
     tr = torch.zeros(3, dtype=torch.int64, device=DEV)
     spans = []
     for _ in range(20):
@@ -3302,8 +3304,7 @@ def moe_case20(shape, T):
     timed_rounds("moe20", c, alone, 7)
     runs = {"current": current_layer(c), "layer, rounds": layer(False), "layer, one-pass top-k": layer(True)}
     good = checked_runs("moe20", c, runs)
-    for name in timed_rounds("moe20", c, good, 9):
-        graph_timed("moe20", c, name, good[name])
+    timed_with_graphs("moe20", c, good, 9)
     save()
 
 
@@ -3364,8 +3365,7 @@ def moe_case22(shape, T):
         return row["ids_same"]
 
     good = checked_runs("moe22", c, runs, same_ids)
-    for name in timed_rounds("moe22", c, good, 9):
-        graph_timed("moe22", c, name, good[name])
+    timed_with_graphs("moe22", c, good, 9)
     save()
 
 

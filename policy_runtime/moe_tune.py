@@ -6,7 +6,8 @@ layer's sizes come from ``params`` (the spec hands the model's ``num_experts``, 
 ``moe_intermediate_size`` and ``top_k``), the routing from a seeded top-k softmax.  A record runs
 through ``Variant.run`` of policy_runtime/moe.py (alignment, both GEMMs, the sum), as
 ``fused_moe`` runs a bucket's kernels, on the kernel bodies generated/moe.py's wrappers would call
-with the record's constants (one mapping for both: policy_runtime/moe_constexprs.py).  No vendor library: the family declares no backend to choose.
+with the record's constants (one mapping for both: policy_runtime/moe_constexprs.py).  No vendor
+library: the family declares no backend to choose.
 """
 
 from __future__ import annotations
