@@ -74,6 +74,10 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
 --phase 21 MoE decode: phase 14's routing inside the two GEMM launches with the one-pass top-k (on one
            copy of the row, or one a warp), against the chained layer on h200's and e128's tiles; T = 1.
 --phase 22 the one-pass router on 1, 2 or 4 warps at one token: alone and in the layer.
+--phase 23 MoE decode: the chained layer over a grid of up and down tiles of the production bodies
+           (routed by the production router), per expert shape, T = 1, 2 and 4.
+--phase 24 phase 23 at T = 1 over narrower up slabs (128-element K steps) and down programs of 2-16
+           warps.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -119,11 +123,15 @@ AP.add_argument(
     "16: MoE decode timeline, and both GEMMs split over the intermediate size in one launch; "
     "17: MoE decode timelines over up and down tile pairs; 18: the down kernel's first chunks and h ahead; "
     "19: launch overhead of chains, the router as a dependent launch; 20: the router's top-k in one pass; "
-    "21: routing inside the GEMM launches with the one-pass top-k; 22: the one-pass router's warps",
+    "21: routing inside the GEMM launches with the one-pass top-k; 22: the one-pass router's warps; "
+    "23: the chained decode layer's tile pairs per expert shape, T = 1, 2, 4; 24: narrower slabs and wider down "
+    "programs at T = 1",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe24": [],
+    "moe23": [],
     "moe22": [],
     "moe21": [],
     "moe20": [],
@@ -431,7 +439,7 @@ def moe_case(shape, T):
 
     prof = kernel_times(full)
     e2e = gpu_ms(full) * 1e3
-    bucket = G.select(T, dtype=DT, hw=HW, device=DEV)
+    bucket = G.select(T, inter, dtype=DT, hw=HW, device=DEV)
     RES["moe_profile"].append(
         {
             "case": name,
@@ -877,7 +885,7 @@ def moe_case2(shape, T):
     numel = T * k
     h = torch.empty(numel, inter, device=DEV, dtype=DT)
     out = torch.empty(T, H, device=DEV, dtype=DT)
-    bucket = G.select(T, dtype=DT, hw=HW, device=DEV)
+    bucket = G.select(T, inter, dtype=DT, hw=HW, device=DEV)
     bucket.variant.run(x, w1, w2, wf, idf, out, 0, E)
     ref = out.float().clone()
     # "down_cur" / "down_pf" rows of h200_explore_decode2.json: the down kernel before and after it read the
@@ -1230,7 +1238,7 @@ def moe_case4(shape, T):
     E, H, inter, k = MOE_SHAPES[shape]
     x, w1, w2, logits = moe_data(shape, T)
     out = torch.empty(T, H, device=DEV, dtype=DT)
-    v = G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    v = G.select(T, inter, dtype=DT, hw=HW, device=DEV).variant
     ww, ii = G.topk_softmax(logits, k, True)
     G.fused_moe(x, w1, w2, ww, ii, out=out, hw=HW)
     ref = out.float().clone()
@@ -1386,7 +1394,7 @@ def moe_case5(shape, T):
         a, b = G.topk_softmax(logits, k, True)
         G.fused_moe(x, w1, w2, a, b, out=out, hw=HW)
 
-    row = {"case": name, "kernel": "current", "kernels": G.select(T, dtype=DT, hw=HW, device=DEV).variant.name}
+    row = {"case": name, "kernel": "current", "kernels": G.select(T, inter, dtype=DT, hw=HW, device=DEV).variant.name}
     row["us"] = us = gpu_ms(current) * 1e3
     row["frac_copy"] = frac(up_bytes + down_bytes, us)
     RES["moe5"].append(row)
@@ -1970,7 +1978,7 @@ def leaders(key, c, good, ranked, current, rounds=5, n=4):
 def moe_case10(shape, T):
     c = moe_setup(shape, T)
     sync = torch.zeros(64, dtype=torch.int32, device=DEV)
-    bucket = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    bucket = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
     h0 = torch.empty(c.numel, c.inter, device=DEV, dtype=DT)
     router(c, False)
     parts = {
@@ -2874,7 +2882,7 @@ def moe_case16(shape, T):
     ranked = timed_rounds("moe16", c, good, 5)
     leaders("moe16", c, good, ranked, runs["current"], rounds=5, n=4)
     # Timelines: the chained layer (h200's record, and e128's tiles), the fastest split layer.
-    bucket = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    bucket = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
     n_up = numel * triton.cdiv(inter, bucket.block_n)
     tr = {
         "router": torch.zeros(T * 3, dtype=torch.int64, device=DEV),
@@ -3192,7 +3200,7 @@ def moe_case19(shape, T):
 
         attempt("moe19", graph_row, f"{c.name} {name} (graph)", in_graph, lambda r: f"{r['us']:.2f} us")
 
-    v = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    v = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
 
     def router_pdl():
         _r19[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1), E_BLOCK=c.e_block,
@@ -3267,7 +3275,7 @@ def _topk_rounds(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le
 def moe_case20(shape, T):
     c = moe_setup(shape, T)
     x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
-    v = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    v = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
 
     def rounds(logits, trig):
         _topk_rounds[(T,)](logits, wf, idf, T, c.E, k, logits.stride(0), logits.stride(1), RENORMALIZE=True,
@@ -3347,7 +3355,7 @@ def moe_case21(shape, T):
 
 def moe_case22(shape, T):
     c = moe_setup(shape, T)
-    v = c.G.select(T, dtype=DT, hw=HW, device=DEV).variant
+    v = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
 
     def route(warps, trig):
         M._topk_softmax_kernel[(T,)](c.logits, c.wf, c.idf, T, c.E, c.k, c.logits.stride(0), c.logits.stride(1),
@@ -3367,6 +3375,46 @@ def moe_case22(shape, T):
     good = checked_runs("moe22", c, runs, same_ids)
     timed_with_graphs("moe22", c, good, 9)
     save()
+
+
+# Phase 23: tiles per expert shape.  One decode record serves both shapes on h200 (chosen for
+# qwen36); phase 17 found e128's own pair at T = 1.  Here the production bodies, chained and
+# routed by the production router, over a grid of up and down tiles at T = 1, 2 and 4 (the decode
+# bucket's range), each shape apart, so that each can have its own record.
+
+UP23 = [(8, 512, 4), (8, 256, 4), (16, 256, 8), (4, 256, 4), (4, 512, 4), (8, 256, 2)]
+DOWN23 = [(4, 128, 4), (4, 256, 8), (8, 256, 8), (2, 256, 4), (8, 128, 4), (4, 512, 8)]
+
+
+def moe_case23(shape, T, ups=UP23, downs=DOWN23, key="moe23"):
+    c = moe_setup(shape, T)
+    warps = min(4, max(1, c.e_block // 128))  # topk_softmax's own choice for a decode token
+
+    def route():
+        M._topk_softmax_kernel[(T,)](c.logits, c.wf, c.idf, T, c.E, c.k, c.logits.stride(0), c.logits.stride(1),
+                                     RENORMALIZE=True, BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=c.kb, TRIGGER=True,
+                                     num_warps=warps)  # fmt: skip
+
+    runs = {"current": current_layer(c)}
+    for (bn, bk, w), (dbn, dbk, dw) in itertools.product(ups, downs):
+        tiles = SimpleNamespace(block_n=bn, block_k=bk, num_warps=w, down_block_n=dbn, down_block_k=dbk,
+                                down_num_warps=dw)  # fmt: skip
+        runs[f"up {(bn, bk, w)} down {(dbn, dbk, dw)}"] = simt_layer(c, tiles, route)
+    good = checked_runs(key, c, runs)
+    ranked = timed_rounds(key, c, good, 5)
+    leaders(key, c, good, ranked, runs["current"], rounds=9, n=6)
+    save()
+
+
+# Phase 24: phase 23 at T = 1 around its winners: up slabs with 128-element K steps (more programs,
+# fewer bytes each), down programs on 2 to 16 warps.
+
+UP24 = [(8, 512, 4), (8, 256, 4), (8, 128, 2), (8, 128, 4), (4, 128, 2), (4, 512, 2)]
+DOWN24 = [(4, 256, 8), (2, 256, 8), (4, 128, 8), (8, 256, 16), (2, 128, 4), (4, 256, 16)]
+
+
+def moe_case24(shape, T):
+    moe_case23(shape, T, UP24, DOWN24, "moe24")
 
 
 def main():
@@ -3403,6 +3451,8 @@ def main():
         20: (None, moe_case20),
         21: (None, moe_case21),
         22: (None, moe_case22),
+        23: (None, moe_case23),
+        24: (None, moe_case24),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3426,8 +3476,9 @@ def main():
     if att is not None and ARGS.only in (None, "attention"):
         jobs += [(att, c) for c in cases]
     if moe is not None and ARGS.only in (None, "moe"):
-        jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ((1, 4, 16) if ARGS.phase in (5, 8) else (1, 4))]
-        if ARGS.phase in (17, 18, 19, 20, 21, 22):
+        ts = {5: (1, 4, 16), 8: (1, 4, 16), 23: (1, 2, 4)}.get(ARGS.phase, (1, 4))
+        jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ts]
+        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24):
             jobs = [j for j in jobs if j[1][1] == 1]
         if ARGS.phase in (16, 17, 18, 19, 20, 21, 22) and ARGS.quick:
             jobs = jobs[:1]

@@ -597,8 +597,9 @@ class Bucket:
     variant: Variant
 
 
-# A target's policy for one dtype: its buckets in order, and the function that picks one for T.
-Policy = tuple[tuple[Bucket, ...], Callable[[int], Bucket]]
+# A target's policy for one dtype: its buckets in order, and the function that picks one for a
+# call's shape (T tokens, experts of intermediate size I).
+Policy = tuple[tuple[Bucket, ...], Callable[[int, int], Bucket]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -798,8 +799,8 @@ class MoE(PolicyTables):
             _fail("fused_moe", f"dtype must be float16, bfloat16 or float32, got {dtype}")
         return super().policy(dtype, hw, device)
 
-    def select(self, T: int, dtype: torch.dtype, hw: Any, device: Any) -> Bucket:
-        return self.policy(dtype, hw, device)[1](T)
+    def select(self, T: int, I: int, dtype: torch.dtype, hw: Any, device: Any) -> Bucket:
+        return self.policy(dtype, hw, device)[1](T, I)
 
     def fused_moe(
         self,
@@ -813,11 +814,11 @@ class MoE(PolicyTables):
         hw: Any,
         variant: Optional[Variant] = None,
     ) -> torch.Tensor:
-        """The fused MoE layer into out (or a new tensor), by the bucket's kernels for T (or by
-        ``variant``'s, for tests and benchmarks)."""
+        """The fused MoE layer into out (or a new tensor), by the bucket's kernels for T and the
+        experts' intermediate size (or by ``variant``'s, for tests and benchmarks)."""
         T, H, inter, E, k = _check_fused(x, w1, w2, topk_weights, topk_ids, activation, out, self.variant_of_dtype)
         if variant is None:
-            variant = self.policy(x.dtype, hw, x.device)[1](T).variant
+            variant = self.policy(x.dtype, hw, x.device)[1](T, inter).variant
         given = out is not None
         if out is None:
             out = torch.empty((T, H), dtype=x.dtype, device=x.device)

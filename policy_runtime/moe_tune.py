@@ -1,9 +1,10 @@
 """fused_moe's tuning harness: how ``python -m codegen tune moe_launch`` runs a bucket record.
 
 Named by ``[moe_launch.tune] harness`` in specs/kernels/moe.toml; the protocol is the one
-policy_runtime/matmul_tune.py describes.  A problem is one MoE layer call of T tokens: the
-layer's sizes come from ``params`` (the spec hands the model's ``num_experts``, ``hidden_size``,
-``moe_intermediate_size`` and ``top_k``), the routing from a seeded top-k softmax.  A record runs
+policy_runtime/matmul_tune.py describes.  A problem is one MoE layer call of shape (T, I): T
+tokens through experts of intermediate size I (the policy's bucket dimensions ``t`` and ``i``);
+the rest of the layer's sizes come from ``params`` (the spec hands the model's ``num_experts``,
+``hidden_size`` and ``top_k``), the routing from a seeded top-k softmax.  A record runs
 through ``Variant.run`` of policy_runtime/moe.py (alignment, both GEMMs, the sum), as
 ``fused_moe`` runs a bucket's kernels, on the kernel bodies generated/moe.py's wrappers would call
 with the record's constants (one mapping for both: policy_runtime/moe_constexprs.py).  No vendor
@@ -48,10 +49,11 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
 
 
 class MoEProblem(Problem):
-    """T tokens through one MoE layer: seeded weights and routing, an fp32 per-expert reference."""
+    """T tokens through one MoE layer of expert intermediate size ``inter``: seeded weights and
+    routing, an fp32 per-expert reference."""
 
-    def __init__(self, T: int, params: Mapping[str, Any], dtype: torch.dtype, device: Any, seed: int = 0):
-        E, H, inter, k = params["num_experts"], params["hidden_size"], params["moe_intermediate_size"], params["top_k"]
+    def __init__(self, T: int, inter: int, params: Mapping[str, Any], dtype: torch.dtype, device: Any, seed: int = 0):
+        E, H, k = params["num_experts"], params["hidden_size"], params["top_k"]
         gen = torch.Generator(device="cpu").manual_seed(seed)
 
         def rand(*shape: int, scale: float) -> torch.Tensor:
@@ -90,4 +92,6 @@ class MoEProblem(Problem):
         return run
 
 
-HARNESS = Harness(problem=lambda shape, dtype, device, params: MoEProblem(shape["t"], params, dtype, device))
+HARNESS = Harness(
+    problem=lambda shape, dtype, device, params: MoEProblem(shape["t"], shape["i"], params, dtype, device)
+)

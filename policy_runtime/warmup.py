@@ -472,10 +472,15 @@ class MoEDriver:
                 continue
             for dtype in opts.dtypes:
                 buckets, select = self.moe.policies[self.moe.variant_of_dtype[_dtype(dtype)]][opts.target]
-                counts = _bucket_counts(select, buckets, opts)
+                # The buckets this model's expert shape reaches (a bucket for another shape is
+                # another model's to compile).
+                counts = _bucket_counts(lambda t, inter=inter: select(t, inter), buckets, opts)
                 for i, b in enumerate(buckets):
                     if i not in counts:
-                        notes.append(f"moe {opts.target} {b.name}: no token count up to 2**16 reaches it")
+                        notes.append(
+                            f"moe {opts.target} {b.name}: no token count up to 2**16 reaches it"
+                            f" at {model}'s expert intermediate size {inter}"
+                        )
                         continue
                     what = ("fused_moe", model, dtype, b.name, b.variant.name)
                     args = (opts.target, dtype, counts[i], E, k, inter, hidden)

@@ -120,7 +120,7 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
                         "name": b["name"],
                         "kernel": kname,
                         "condition": " and ".join(bounds),
-                        "bounds": ", ".join(bounds) or "any T",
+                        "bounds": ", ".join(bounds) or "any shape",
                         "note": b["note"],
                     }
                 )

@@ -25,6 +25,8 @@ from policy_runtime import moe as rt
 
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 2e-2}
 H, I = 64, 48  # hidden, expert intermediate: ragged against every tile
+# An expert intermediate size past 512 (h200's wide decode bucket), ragged against every tile.
+WIDE_I = 520
 
 
 def dtypes_of(name):
@@ -102,7 +104,7 @@ def test_every_kernel_pair(name):
 def test_results_repeat_bit_for_bit(T, hw):
     """The gemv and simt down kernels and the reduce sum a token's experts in a fixed order: two
     calls give the same bits (the atomics of a fused grouped bucket would not promise that)."""
-    v = M.select(T, dtype=torch.float16, hw=hw).variant
+    v = M.select(T, I, dtype=torch.float16, hw=hw).variant
     assert v.kind in ("gemv", "simt") or not v.fuse_sum
     inputs = layer(T, 3, 8, torch.float16)
     assert torch.equal(run_checked(inputs, hw=hw), run_checked(inputs, hw=hw))
@@ -174,8 +176,8 @@ def _do_not_specialize(kernel):
 @pytest.mark.skipif(not GPU, reason="compiled kernels only on a GPU")
 def test_a_new_T_in_a_compiled_bucket_compiles_nothing():
     for T_first, T_next in [(2, 3), (20, 29), (100, 300), (600, 1000)]:
-        bucket = M.select(T_first, dtype=torch.bfloat16, hw="h200")
-        assert M.select(T_next, dtype=torch.bfloat16, hw="h200") is bucket
+        bucket = M.select(T_first, I, dtype=torch.bfloat16, hw="h200")
+        assert M.select(T_next, I, dtype=torch.bfloat16, hw="h200") is bucket
         M.fused_moe(*layer(T_first, 8, 16, torch.bfloat16), hw="h200")
         kernels = [bucket.variant.up, bucket.variant.down, rt._align_count, rt._align_scatter, rt._sum_rows]
         before = [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
@@ -208,7 +210,7 @@ def test_chained_buckets_launch_dependently_only_where_the_device_can(monkeypatc
     plainly.  An unchained bucket (the BI-V100's) never asks for it."""
     from policy_runtime import launch
 
-    v = M.select(1, dtype=torch.float16, hw="h200").variant
+    v = M.select(1, I, dtype=torch.float16, hw="h200").variant
     assert v.kind == "simt" and v.chained
     up, down = v.up.__name__, v.down.__name__
     monkeypatch.setattr(launch, "_programmatic", lambda t: False)
@@ -284,44 +286,58 @@ def distinct_policies():
     return out
 
 
-def bucket_tokens(policy, select):
-    """One ragged T inside each bucket (the smallest the bucket serves, plus a few)."""
-    out, lo = [], 1
+def bucket_shapes(policy, select):
+    """One (T, I) inside each bucket: I the first of I and WIDE_I at which some T up to 600 reaches
+    the bucket, T the smallest such (plus 2 where that stays inside the bucket, so it is ragged)."""
+    out = []
     for bucket in policy:
-        T = lo + 2 if select(lo + 2) is bucket else lo
-        assert select(T) is bucket
-        out.append(T)
-        while bucket is not policy[-1] and select(lo) is bucket:  # the next one starts after it
-            lo += 1
+        for inter in (I, WIDE_I):
+            ts = [t for t in range(1, 601) if select(t, inter) is bucket]
+            if ts:
+                out.append((ts[0] + 2 if ts[0] + 2 in ts else ts[0], inter))
+                break
+        else:
+            raise AssertionError(f"no shape reaches bucket {bucket.name}")
     return out
 
 
 @pytest.mark.parametrize("variant, targets", distinct_policies())
 def test_every_distinct_policy_through_fused_moe(variant, targets):
-    """One call per bucket through fused_moe(hw=target), the last bucket past 512 tokens; every
-    target of the group gets the same policy."""
+    """One call per bucket through fused_moe(hw=target), the last bucket past 512 tokens, a wide
+    bucket at an expert intermediate size past 512; every target of the group gets the same
+    policy."""
     table = M._POLICIES[variant]
     policy, select = table[targets[0]]
     assert all(table[t][0] is policy for t in targets)
     dtype = torch.float32 if variant.endswith("fp32") else torch.float16
-    for T, bucket in zip(bucket_tokens(policy, select), policy):
-        assert M.select(T, dtype=dtype, hw=targets[-1]) is bucket
-        run_checked(layer(T, 2, 4, dtype), hw=targets[0], what=f"{targets[0]} {bucket.name} T={T}")
+    for (T, inter), bucket in zip(bucket_shapes(policy, select), policy):
+        assert M.select(T, inter, dtype=dtype, hw=targets[-1]) is bucket
+        run_checked(layer(T, 2, 4, dtype, i=inter), hw=targets[0], what=f"{targets[0]} {bucket.name} T={T} I={inter}")
 
 
 def test_bucket_selection_on_the_h200():
-    names = [M.select(T, dtype=torch.bfloat16, hw="h200").name for T in (1, 4, 5, 32, 33, 512, 513, 16384)]
-    assert names == ["decode", "decode", "small", "small", "medium", "medium", "prefill", "prefill"]
-    assert M.select(1, hw="h200").variant.kind == "simt"
-    assert M.select(1, hw="a100").variant.kind == "gemv"
+    Ts = (1, 2, 4, 5, 32, 33, 512, 513, 16384)
+    names = [M.select(T, 512, dtype=torch.bfloat16, hw="h200").name for T in Ts]
+    assert names == ["decode_one", "decode", "decode", "small", "small", "medium", "medium", "prefill", "prefill"]
+    # The expert's shape: past 512 intermediate columns one token takes the wide decode bucket;
+    # every other bucket is the same at both sizes.
+    wide = [M.select(T, 768, dtype=torch.bfloat16, hw="h200").name for T in Ts]
+    assert wide == ["decode_one_wide"] + names[1:]
+    assert M.select(1, 513, hw="h200").name == "decode_one_wide"
+    one, one_wide, few = (M.select(T, i, hw="h200").variant for T, i in ((1, 512), (1, 768), (4, 768)))
+    assert len({one.name, one_wide.name, few.name}) == 3
+    assert (one_wide.block_k, one_wide.down_block_k, one_wide.down_num_warps) == (256, 256, 8)
+    assert (few.num_warps, few.block_k) == (2, 256)
+    assert all(v.kind == "simt" and v.chained for v in (one, one_wide, few))
+    assert M.select(1, I, hw="a100").variant.kind == "gemv"
     # nvidia>=90's small bucket sums by atomics; h200's own policy (codegen tune's amend of the
     # small bucket, specs/kernels/moe.toml) took a reduce there, and kept the rest.
-    assert (M.select(16, hw="h100").variant.kind, M.select(16, hw="h100").variant.fuse_sum) == ("grouped", True)
-    small = M.select(16, hw="h200").variant
+    assert (M.select(16, I, hw="h100").variant.kind, M.select(16, I, hw="h100").variant.fuse_sum) == ("grouped", True)
+    small = M.select(16, I, hw="h200").variant
     assert (small.kind, small.fuse_sum, small.block_n) == ("grouped", False, 32)
-    assert not M.select(4096, hw="h200").variant.fuse_sum
-    for T in (64, 4096):
-        assert M.select(T, hw="h100").variant is M.select(T, hw="h200").variant
+    assert not M.select(4096, I, hw="h200").variant.fuse_sum
+    for T, inter in ((1, 512), (1, 768), (3, 768), (64, I), (4096, I)):
+        assert M.select(T, inter, hw="h100").variant is M.select(T, inter, hw="h200").variant
 
 
 def test_bi_v100_keeps_the_seed_tiles():
@@ -330,7 +346,10 @@ def test_bi_v100_keeps_the_seed_tiles():
     seed = dispatch_kernel_config("moe", "bi_v100")
     assert (seed.block_size_m, seed.block_size_n, seed.block_size_k, seed.group_size_m) == (32, 64, 32, 8)
     for dtype in (torch.float16, torch.float32):
-        decode, rest = M.select(7, dtype=dtype, hw="bi_v100").variant, M.select(8, dtype=dtype, hw="bi_v100").variant
+        decode, rest = (
+            M.select(7, I, dtype=dtype, hw="bi_v100").variant,
+            M.select(8, I, dtype=dtype, hw="bi_v100").variant,
+        )
         assert decode.block_m == seed.block_size_m and rest.block_m == 64
         for v in (decode, rest):
             assert (v.kind, v.block_n, v.block_k, v.group_m, v.num_stages) == ("grouped", 64, 32, 8, 1)
@@ -459,8 +478,14 @@ def test_moe_align_block_size_on_vllm_docstring_example():
     assert expert_ids[:4].tolist() == [0, 1, 2, 3] and post_pad.item() == 16
 
 
-@pytest.mark.parametrize("E, k", [(8, 1), (8, 2), (60, 8), (128, 8)])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+# fp16 logits (whose values repeat: ties) at every size, fp32 at the small ones (the dtype changes
+# only the load; the interpreter's time goes with E).
+@pytest.mark.parametrize(
+    "E, k, dtype",
+    [(8, 1, torch.float16), (8, 1, torch.float32), (8, 2, torch.float16), (8, 2, torch.float32)]
+    + [(60, 8, torch.float16), (128, 8, torch.float16)],
+    ids=["8-1-fp16", "8-1-fp32", "8-2-fp16", "8-2-fp32", "60-8-fp16", "128-8-fp16"],
+)
 # A token a program up to rt._TOPK_ONE_ROW_MAX_T tokens, tiles of several above.
 @pytest.mark.parametrize("T", [37, 100])
 def test_topk_softmax_matches_torch(E, k, dtype, T):
@@ -589,7 +614,7 @@ def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
     text = text[:prefill] + text[prefill:].replace("num_warps = 8", "num_warps = 8\nnum_stages = 6", 1)
     gemv = text.index('name = "decode"\nt_max = 4\nkernel = "gemv"')
     text = text[:gemv] + text[gemv:].replace('kernel = "gemv"', 'kernel = "gemv"\nfuse_sum = false\nchained = true', 1)
-    simt = text.index('name = "decode"\nnote = "Two chained launches')
+    simt = text.index('name = "decode_one"\nnote = "One token, up to 512')
     text = text[:simt] + text[simt:].replace("num_stages = 1", "num_stages = 3", 1)
     text = text[:simt] + text[simt:].replace("down_block_size_n = 4", "down_block_size_n = 16", 1)
     spec.write_text(text)

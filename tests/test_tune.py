@@ -376,25 +376,33 @@ def test_the_real_harness_tunes_in_the_interpreter_and_the_result_builds_and_val
 def test_moe_launch_is_tuned_through_its_declaration_with_the_models_sizes():
     p = plan(load.load(REPO), "moe_launch", "h200")
     qwen = load.load(REPO).models["qwen36"].spec
-    assert dict(p.params) == {
-        "num_experts": qwen.num_experts,
-        "hidden_size": qwen.hidden_size,
-        "moe_intermediate_size": qwen.moe_intermediate_size,
-        "top_k": qwen.top_k,
+    assert dict(p.params) == {"num_experts": qwen.num_experts, "hidden_size": qwen.hidden_size, "top_k": qwen.top_k}
+    # A shape is (T, I): the spec's shapes are at qwen36's expert intermediate size.
+    assert {b.name: [tuple(s) for s in b.shapes] for b in p.buckets} == {
+        "decode_one": [(1, qwen.moe_intermediate_size)],
+        "decode": [(4, qwen.moe_intermediate_size)],
+        "small": [(16, qwen.moe_intermediate_size)],
     }
-    assert {b.name: [s[0] for s in b.shapes] for b in p.buckets} == {"decode": [1, 4], "small": [16]}
     # The decode bucket's two spaces: the tensor-core gemv and the CUDA-core simt kernels.  Of
-    # simt's 3 x 2 up slabs x 3 x 2 x 2 down chunks and warps, the incumbent (8 x 512 up, 4 x 128
-    # down on 4 warps, chained) is not a candidate, and the six with 8 x 256 down chunks on 4 warps
-    # (16 weights a thread per expert) are rejected by the spec's checks: 72 - 1 - 6.
+    # simt's 3 x 2 x 2 up slabs and warps x 3 x 2 x 2 down chunks and warps (144), the incumbent
+    # (8 x 256 up on 2 warps, 4 x 128 down on 4, chained) is not a candidate, and the spec's checks
+    # reject the 12 with 16 x 512 up slabs on 2 warps (256 accumulator registers a thread) and the
+    # 12 with 8 x 256 down chunks on 4 warps (16 weights a thread per expert), one of them both
+    # (reported by the first check it fails, the slabs'): 144 - 1 - 23.
     decode = p.bucket("decode")
     kinds = [c.record["kernel"] for c in decode.candidates]
-    assert set(kinds) == {"gemv", "simt"} and kinds.count("simt") == 65
+    assert set(kinds) == {"gemv", "simt"} and kinds.count("simt") == 120
     rejected = [r for r in decode.rejected if "kernel=simt" in r[0]]
-    assert len(rejected) == 6
+    assert len(rejected) == 23
+    slabs = "block_size_n=16 block_size_k={1024 // dtype_bytes} num_warps=2"
+    chunks = "down_block_size_n=8 down_block_size_k={512 // dtype_bytes} down_num_warps=4"
+    assert all(slabs in label or chunks in label for label, _ in rejected)
+    assert sum(slabs in label for label, _ in rejected) == sum(chunks in label for label, _ in rejected) == 12
     for label, why in rejected:
-        assert "down_block_size_n=8 down_block_size_k={512 // dtype_bytes} down_num_warps=4" in label
-        assert "takes 16 weights a thread at 4 warps" in why
+        if slabs in label:
+            assert "fp32 accumulators take 256 registers" in why
+        else:
+            assert "takes 16 weights a thread at 4 warps" in why
 
 
 def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
@@ -402,11 +410,11 @@ def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
 
     from policy_runtime.moe_tune import HARNESS
 
-    params = dict(num_experts=8, hidden_size=64, moe_intermediate_size=32, top_k=2)
+    params = dict(num_experts=8, hidden_size=64, top_k=2)
     gemv = dict(kernel="gemv", block_size_m=1, block_size_n=16, block_size_k=32, group_size_m=1)
     grouped = dict(kernel="grouped", block_size_m=16, block_size_n=32, block_size_k=32, group_size_m=8)
     for T in (1, 5):
-        problem = HARNESS.problem({"t": T}, torch.float16, "cpu", params)
+        problem = HARNESS.problem({"t": T, "i": 32}, torch.float16, "cpu", params)
         simt = dict(gemv, kernel="simt", block_size_n=8, block_size_k=64, fuse_sum=True, num_stages=1)
         simt_down = dict(down_block_size_n=4, down_block_size_k=16, down_num_warps=2, chained=True)
         for record in (dict(gemv, fuse_sum=True), dict(grouped, fuse_sum=True), dict(grouped, fuse_sum=False), simt):

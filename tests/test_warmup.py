@@ -160,7 +160,8 @@ def launched(plan: W.Plan, module: str, *covers: str) -> set[str]:
 @pytest.mark.parametrize("target", TARGETS)
 def test_matmul_calls_cover_every_bucket_in_both_layouts(target):
     plan = planned(target)
-    assert not plan.failed and not plan.notes
+    # (MoE notes the buckets its models' expert shapes do not reach: the MoE test below.)
+    assert not plan.failed and not [n for n in plan.notes if not n.startswith("moe ")]
     for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         buckets = mm.buckets(target, torch_dtype)
         covered = [c.covers[2:] for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype]
@@ -190,10 +191,21 @@ def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
     experts = [m for m, d in dispatch.MODEL_DIMS.items() if d.get("num_experts")]
     assert experts == ["qwen36"]
     buckets = moe.buckets(target, torch.bfloat16)
+    # The buckets qwen36's expert shape reaches, each covered once; the rest (another shape's, such
+    # as h200's wide decode bucket) each noted and not compiled.
+    inter = dispatch.MODEL_DIMS["qwen36"]["moe_intermediate_size"]
+    counts = sorted({2**j + d for j in range(17) for d in (-1, 0, 1)} - {0})
+    reached = {moe.select(t, inter, hw=target).name for t in counts}
     covered = [c.covers[3] for c in plan.calls if c.covers[:3] == ("fused_moe", "qwen36", "bfloat16")]
-    assert covered == [b.name for b in buckets]
+    assert covered == [b.name for b in buckets if b.name in reached]
+    unreached = {b.name for b in buckets} - reached
+    noted = [n for n in plan.notes if n.startswith(f"moe {target} ")]
+    assert {n.split()[2].rstrip(":") for n in noted} == unreached
+    assert all(f"qwen36's expert intermediate size {inter}" in n for n in noted)
+    if target == "h200":
+        assert unreached == {"decode_one_wide"}
     top_k = dispatch.MODEL_DIMS["qwen36"]["top_k"]
-    for b in buckets:
+    for b in (b for b in buckets if b.name in reached):
         v = b.variant
         expected = {v.up.__name__, v.down.__name__}
         if v.kind == "grouped":
