@@ -24,8 +24,12 @@ the bytes of the activated experts' weights (each expert some token routes to, w
 per second as a fraction of a device copy's bandwidth (read + write, 512 MiB), and TFLOP/s
 (6 * T * k * H * I useful FLOPs).  At T <= 16 (decode) ours and grouped are also captured once
 each as a CUDA graph, as a server runs its decode step, checked again, and timed as replays (the
-same timer): the gaps between a call's launches shrink there.  JSON to $OUT/moe.json when $OUT
-is set (or --json PATH), rewritten after every case.
+same timer): the gaps between a call's launches shrink there.  At T <= 16 ours is also timed as
+a decode step runs it: STEP_LAYERS layers (8; in the smoke run 2, eager, at one token) back to
+back in one CUDA graph, each with its own input, weights and logits (the first layer the case's),
+checked against the same layers run eagerly; reported per layer (the step's time / STEP_LAYERS):
+a lone call's fixed cost (the events around it, its first launch) is paid once a step.  JSON to
+$OUT/moe.json when $OUT is set (or --json PATH), rewritten after every case.
 """
 
 from __future__ import annotations
@@ -70,9 +74,10 @@ from generated.dispatch import target_name  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
-TOKENS = [1, 16, 40, 600] if SMOKE else [1, 4, 16, 64, 256, 1024, 4096, 16384]
+TOKENS = [1, 3, 16, 40, 600] if SMOKE else [1, 4, 16, 64, 256, 1024, 4096, 16384]
 PREFILL = 16 if SMOKE else 4096  # T from which the cuBLAS comparison runs
 GRAPH_T_MAX = 16  # decode (the issue's T <= 16): ours and grouped also timed as CUDA graph replays (GPU only)
+STEP_LAYERS = 2 if SMOKE else 8  # layers of the decode step timed at T <= GRAPH_T_MAX
 TOL = 2e-2
 RES: dict = {"meta": {}, "copy": {}, "shapes": {}, "cases": [], "errors": [], "skipped": []}
 RUN = RunLog("moe", RES, smoke=SMOKE, json_arg=ARGS.json)
@@ -92,7 +97,8 @@ def shapes() -> dict[str, dict]:
     if SMOKE:
         return {
             "qwen36": dict(E=16, H=96, I=32, k=2, note="smoke: a tiny stand-in for the qwen36 shape"),
-            "e128": dict(E=8, H=64, I=48, k=2, note="smoke: a tiny stand-in for the e128 shape"),
+            # Past 512 intermediate columns, as e128's 768: the wide decode bucket at one token.
+            "e128": dict(E=8, H=64, I=520, k=2, note="smoke: a tiny stand-in for the e128 shape"),
         }
     return {
         "qwen36": dict(
@@ -210,7 +216,7 @@ def phase_meta(hw) -> None:
     log(f"device {m['device']} -> target {hw!r}" + (" (--hw)" if ARGS.hw else " (detected)"))
     for b in M.buckets(hw, DT, DEV):
         v = b.variant
-        log(f"bucket {b.name:8s} {v.name}")
+        log(f"bucket {b.name:15s} {v.name}")
 
 
 def phase_copy() -> None:
@@ -237,7 +243,7 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
     w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
     w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
     logits = torch.randn(T, E, device=DEV, generator=g)
-    bucket = M.select(T, dtype=DT, hw=hw, device=DEV)
+    bucket = M.select(T, inter, dtype=DT, hw=hw, device=DEV)
     case = {"shape": shape_name, "T": T, "bucket": bucket.name, "kernels": bucket.variant.name}
 
     def ours():
@@ -324,6 +330,15 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
             case["ours_graph_weight_frac_copy"] = weight_bytes / (g_ms["ours"] * 1e-3) / 1e12 / copy
             if "grouped" in g_ms:
                 case["grouped_graph_us"] = g_ms["grouped"] * 1e3
+    if T <= GRAPH_T_MAX and not (SMOKE and T > 1):  # (the interpreter: one token only, for its time)
+        try:
+            step_ms = decode_step_ms(x, w1, w2, logits, k, hw, case)
+            case["ours_step_layer_us"] = step_ms * 1e3 / STEP_LAYERS
+            # Each layer reads its own experts' weights: the step's bytes over its time.
+            case["ours_step_weight_frac_copy"] = case["step_weight_bytes"] / (step_ms * 1e-3) / 1e12 / copy
+        except Exception as e:  # noqa: BLE001
+            case["step_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(f"{shape_name} T={T}: decode step: {case['step_error']}")
     for name, rows in (("cublas_expert", m_e), ("cublas_dense", T * k)):
         if name in ms:
             case[f"{name}_rows"] = rows
@@ -332,12 +347,55 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
     return case
 
 
+def decode_step_ms(x, w1, w2, logits, k, hw, case) -> float:
+    """STEP_LAYERS MoE layers back to back as a decode step runs them (each starts when the one
+    before it has ended: its router is a plain launch), each with its own input, weights and
+    logits (layer 0 the case's), captured in one CUDA graph, checked against the eager run, and
+    timed as replays (gpu_ms: L2 flushed before each).  (Each layer has its own input because
+    without a model's norms and residuals a chain of layers' outputs would shrink to zero.)
+    Records the step's weight bytes (each layer's activated experts) in case."""
+    E, H, inter = w1.shape[0], x.shape[1], w2.shape[2]
+    g = torch.Generator(device=DEV).manual_seed(1000 + x.shape[0])
+    layers = [(x, w1, w2, logits)] + [
+        (
+            torch.randn(x.shape, device=DEV, generator=g).to(DT),
+            (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT),
+            (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT),
+            torch.randn(x.shape[0], E, device=DEV, generator=g),
+        )
+        for _ in range(STEP_LAYERS - 1)
+    ]
+    outs = [torch.empty_like(x) for _ in layers]
+
+    def step():
+        for (h, a, b, lg), out in zip(layers, outs):
+            weights, ids = M.topk_softmax(lg, k, True)
+            M.fused_moe(h, a, b, weights, ids, out=out, hw=hw)
+        return outs
+
+    want = torch.stack(step()).float()
+    used = sum(M.topk_softmax(lg, k, True)[1].unique().numel() for *_, lg in layers)
+    case["step_layers"] = STEP_LAYERS
+    case["step_weight_bytes"] = used * 3 * H * inter * x.element_size()
+    if SMOKE:  # the interpreter: the eager run (no graphs on the CPU)
+        return bench_ms(step)
+    graph, got = captured(step)
+    for out in got:
+        out.fill_(float("nan"))  # every layer's output must be written by the replay
+    graph.replay()
+    err = rel_err(torch.stack(got), want)
+    case["step_vs_eager"] = err
+    if not err < 1e-3:
+        raise AssertionError(f"the step's replay differs from its eager run: relative error {err:.3e}")
+    return bench_ms(graph.replay)
+
+
 def fmt(v, spec) -> str:
     return "-" if v is None else format(v, spec)
 
 
 def table(cases) -> None:
-    head = "| shape | T | bucket | ours us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | in graphs: ours us | of copy | grouped us | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
+    head = "| shape | T | bucket | ours us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | in graphs: ours us | of copy | grouped us | decode step: us a layer | of copy | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for c in cases:
@@ -346,6 +404,7 @@ def table(cases) -> None:
             f" | {fmt(c.get('ours_weight_frac_copy'), '.2f')} | {fmt(c.get('ours_tflops'), '.1f')} | {fmt(c.get('grouped_us'), '.1f')}"
             f" | {fmt(c.get('ours_vs_grouped'), '.2f')}x | {fmt(c.get('ours_graph_us'), '.1f')}"
             f" | {fmt(c.get('ours_graph_weight_frac_copy'), '.2f')} | {fmt(c.get('grouped_graph_us'), '.1f')}"
+            f" | {fmt(c.get('ours_step_layer_us'), '.1f')} | {fmt(c.get('ours_step_weight_frac_copy'), '.2f')}"
             f" | {fmt(c.get('cublas_expert_tflops'), '.1f')}"
             f" | {fmt(c.get('ours_vs_cublas_expert_tflops'), '.2f')} | {fmt(c.get('cublas_dense_tflops'), '.1f')} |"
         )
@@ -370,12 +429,18 @@ def main() -> int:
                 case = measure(name, s, T, use_grouped_mm, hw)
                 RES["cases"].append(case)
                 log(
-                    f"{name} T={T:5d} {case['bucket']:8s} ours {case['ours_us']:9.1f} us"
+                    f"{name} T={T:5d} {case['bucket']:15s} ours {case['ours_us']:9.1f} us"
                     f" ({case['ours_weight_frac_copy']:.2f} of copy, {case['ours_tflops']:.1f} TFLOP/s),"
                     f" grouped {case['grouped_us']:9.1f} us, ours {case['ours_vs_grouped']:.2f}x"
                     + (
                         f"; graphs: ours {case['ours_graph_us']:.1f} us ({case['ours_graph_weight_frac_copy']:.2f} of copy)"
                         if "ours_graph_us" in case
+                        else ""
+                    )
+                    + (
+                        f"; decode step: {case['ours_step_layer_us']:.1f} us a layer"
+                        f" ({case['ours_step_weight_frac_copy']:.2f} of copy)"
+                        if "ours_step_layer_us" in case
                         else ""
                     )
                 )

@@ -116,22 +116,29 @@ def test_attention_bench_smoke(tmp_path):
 
 def test_moe_bench_smoke(tmp_path):
     """bench/moe.py on its smoke shapes: every token count of both shapes ran each bucket of the
-    target (h200), each method checked against the fp32 reference before it was timed, the
-    cuBLAS comparison at the prefill sizes."""
+    target (h200), the wide decode bucket at the e128 stand-in's one token, each method checked
+    against the fp32 reference before it was timed, the cuBLAS comparison at the prefill sizes,
+    the decode step (eager here) at the decode sizes."""
     out = run_bench("moe.py", tmp_path).stdout
     result = json.loads((tmp_path / "moe.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
     cases = result["cases"]
     assert sorted({(c["shape"], c["T"]) for c in cases}) == [
-        (s, t) for s in ("e128", "qwen36") for t in (1, 16, 40, 600)
+        (s, t) for s in ("e128", "qwen36") for t in (1, 3, 16, 40, 600)
     ]
-    assert {c["bucket"] for c in cases} == {"decode", "small", "medium", "prefill"}
+    assert {c["bucket"] for c in cases} == {"decode_one", "decode_one_wide", "decode", "small", "medium", "prefill"}
+    assert {c["shape"] for c in cases if c["bucket"] == "decode_one_wide"} == {"e128"}
     for c in cases:
         checked = set(c["errors_vs_ref"])
         assert {"ours", "grouped"} <= checked and all(e < 2e-2 for e in c["errors_vs_ref"].values()), c
         assert c["ours_us"] > 0 and c["grouped_us"] > 0 and 0 < c["ours_weight_frac_copy"]
         assert ("cublas_expert_tflops" in c) == ("cublas_expert" in checked) == (c["T"] >= 16)
-    assert "8 cases, 0 errors, 0 skipped" in out
+        stepped = c["T"] == 1  # (T <= 16 on a GPU)
+        assert ("ours_step_layer_us" in c) == stepped and "step_error" not in c, c
+        if stepped:
+            assert c["step_layers"] == 2 and c["step_weight_bytes"] > c["weight_bytes"] > 0
+            assert c["ours_step_layer_us"] > 0 and c["ours_step_weight_frac_copy"] > 0
+    assert "10 cases, 0 errors, 0 skipped" in out
     assert "| shape | T | bucket |" in out
 
 
