@@ -478,7 +478,7 @@ class MoEDriver:
                 for i, b in enumerate(buckets):
                     if i not in counts:
                         notes.append(
-                            f"moe {opts.target} {b.name}: no token count up to 2**16 reaches it"
+                            f"moe {opts.target} {b.name} ({dtype}): no token count up to 2**16 reaches it"
                             f" at {model}'s expert intermediate size {inter}"
                         )
                         continue

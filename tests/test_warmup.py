@@ -200,7 +200,8 @@ def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
     assert covered == [b.name for b in buckets if b.name in reached]
     unreached = {b.name for b in buckets} - reached
     noted = [n for n in plan.notes if n.startswith(f"moe {target} ")]
-    assert {n.split()[2].rstrip(":") for n in noted} == unreached
+    assert {n.split()[2] for n in noted} == unreached
+    assert len(noted) == 2 * len(unreached)  # one a dtype (bfloat16, float16)
     assert all(f"qwen36's expert intermediate size {inter}" in n for n in noted)
     if target == "h200":
         assert unreached == {"decode_one_wide"}
