@@ -75,6 +75,9 @@ from generated.dispatch import target_name  # noqa: E402
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 TOKENS = [1, 3, 16, 40, 600] if SMOKE else [1, 4, 16, 64, 256, 1024, 4096, 16384]
+# The smoke run's e128 stand-in (past 512 intermediate columns, the interpreter's slowest shape)
+# skips T = 3: the qwen36 stand-in covers its bucket.
+SMOKE_SKIP = {("e128", 3)}
 PREFILL = 16 if SMOKE else 4096  # T from which the cuBLAS comparison runs
 GRAPH_T_MAX = 16  # decode (the T <= 16): ours and grouped also timed as CUDA graph replays (GPU only)
 STEP_LAYERS = 2 if SMOKE else 8  # layers of the decode step timed at T <= GRAPH_T_MAX
@@ -421,6 +424,8 @@ def main() -> int:
         RES["shapes"][name] = s
         log(f"shape {name}: E={s['E']} H={s['H']} I={s['I']} top-{s['k']} ({s['note']})")
         for T in TOKENS:
+            if SMOKE and (name, T) in SMOKE_SKIP:
+                continue
             if RUN.elapsed() > ARGS.budget_s:
                 RES["skipped"].append(f"{name} T={T} (budget)")
                 log(f"skipped {name} T={T}: past the {ARGS.budget_s:.0f} s budget")

@@ -124,7 +124,7 @@ def test_moe_bench_smoke(tmp_path):
     assert result["errors"] == [] and result["skipped"] == []
     cases = result["cases"]
     assert sorted({(c["shape"], c["T"]) for c in cases}) == [
-        (s, t) for s in ("e128", "qwen36") for t in (1, 3, 16, 40, 600)
+        (s, t) for s in ("e128", "qwen36") for t in (1, 3, 16, 40, 600) if (s, t) != ("e128", 3)
     ]
     assert {c["bucket"] for c in cases} == {"decode_one", "decode_one_wide", "decode", "small", "medium", "prefill"}
     assert {c["shape"] for c in cases if c["bucket"] == "decode_one_wide"} == {"e128"}
@@ -138,7 +138,7 @@ def test_moe_bench_smoke(tmp_path):
         if stepped:
             assert c["step_layers"] == 2 and c["step_weight_bytes"] > c["weight_bytes"] > 0
             assert c["ours_step_layer_us"] > 0 and c["ours_step_weight_frac_copy"] > 0
-    assert "10 cases, 0 errors, 0 skipped" in out
+    assert "9 cases, 0 errors, 0 skipped" in out
     assert "| shape | T | bucket |" in out
 
 

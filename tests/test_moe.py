@@ -487,9 +487,9 @@ def test_moe_align_block_size_on_vllm_docstring_example():
     ids=["8-1-fp16", "8-1-fp32", "8-2-fp16", "8-2-fp32", "60-8-fp16", "128-8-fp16"],
 )
 # A token a program up to rt._TOPK_ONE_ROW_MAX_T tokens, tiles of several above.
-@pytest.mark.parametrize("T", [37, 100])
+@pytest.mark.parametrize("T", [9, 70])
 def test_topk_softmax_matches_torch(E, k, dtype, T):
-    assert (T <= rt._TOPK_ONE_ROW_MAX_T) == (T == 37)
+    assert (T <= rt._TOPK_ONE_ROW_MAX_T) == (T == 9)
     logits = torch.randn(T, E).to(dtype)
     probs = torch.softmax(logits.double(), dim=-1)
     # Largest first, the lowest expert first among equal probabilities (fp16 logits repeat).
