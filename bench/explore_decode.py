@@ -78,6 +78,9 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            (routed by the production router), per expert shape, T = 1, 2 and 4.
 --phase 24 phase 23 at T = 1 over narrower up slabs (128-element K steps) and down programs of 2-16
            warps.
+--phase 25 MoE decode, T = 1: the down kernel waits for a counter of finished up programs (release /
+           acquire atomics) instead of the up grid's completion (griddepcontrol.wait); the last down
+           program past the wait zeroes the counters for the next call.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -125,11 +128,12 @@ AP.add_argument(
     "19: launch overhead of chains, the router as a dependent launch; 20: the router's top-k in one pass; "
     "21: routing inside the GEMM launches with the one-pass top-k; 22: the one-pass router's warps; "
     "23: the chained decode layer's tile pairs per expert shape, T = 1, 2, 4; 24: narrower slabs and wider down "
-    "programs at T = 1",
+    "programs at T = 1; 25: the down kernel waits on a counter of finished up programs, not on the up grid",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe25": [],
     "moe24": [],
     "moe23": [],
     "moe22": [],
@@ -3417,6 +3421,115 @@ def moe_case24(shape, T):
     moe_case23(shape, T, UP24, DOWN24, "moe24")
 
 
+# Phase 25: the down kernel's wait.  griddepcontrol.wait returns once the up grid has completed and
+# its writes are flushed; here each up program, once its rows of h are stored, counts itself done
+# (a CTA barrier, then a release add), and each down program, launched dependently as now, loads
+# its ids and first chunk, then spins on that count (acquire) until every up program is done.  The
+# last down program past the wait (a second count) zeroes both counts for the next call, which
+# cannot start before this down grid ends (its router is a plain launch).
+
+
+@triton.jit
+def _up25(x_ptr, w_ptr, h_ptr, ids_ptr, cnt_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn,
+          BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    gdc_wait()
+    gdc_launch_dependents()
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * sxm + offs_k * sxk
+    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
+    u_ptrs = g_ptrs + N * swn
+    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs).to(tl.float32)[None, :]
+        acc_g += tl.load(g_ptrs).to(tl.float32) * a
+        acc_u += tl.load(u_ptrs).to(tl.float32) * a
+        a_ptrs += BK * sxk
+        g_ptrs += BK * swk
+        u_ptrs += BK * swk
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+    tl.debug_barrier()  # every thread's rows stored before the count says so
+    tl.atomic_add(cnt_ptr, 1, sem="release")
+
+
+@triton.jit
+def _down25(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, cnt_ptr, n_up, N, K, top_k, shm, shk, swe, swn, swk,
+            som, son, BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    w_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
+    w_ok = slot_ok[:, None, None]
+    b = tl.load(w_ptrs, mask=w_ok & (offs_k < K)[None, None, :], other=0.0)
+    done = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+    while done < n_up:
+        done = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+    n_down = tl.num_programs(0) * tl.num_programs(1)
+    if tl.atomic_add(cnt_ptr + 1, 1, sem="relaxed") == n_down - 1:  # the last past the wait
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
+        tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed")
+    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * shm + offs_k[None, :] * shk
+    acc = tl.zeros((KB, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+        b_next = tl.load(w_ptrs + BK * swk, mask=w_ok & (offs_k < K - k0 - BK)[None, None, :], other=0.0)
+        acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+        b = b_next
+        a_ptrs += BK * shk
+        w_ptrs += BK * swk
+    o = tl.sum(acc * weight[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def moe_case25(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    v = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
+    cnt = torch.zeros(2, dtype=torch.int32, device=DEV)
+    warps = min(4, max(1, c.e_block // 128))
+
+    def route():
+        M._topk_softmax_kernel[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1),
+                                     RENORMALIZE=True, BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=True,
+                                     num_warps=warps)  # fmt: skip
+
+    def counted():
+        hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+        route()
+        n_up = numel * triton.cdiv(inter, v.block_n)
+        _up25[(numel, triton.cdiv(inter, v.block_n))](
+            x, w1, hh, idf, cnt, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=v.block_n,
+            BK=v.block_k, num_warps=v.num_warps, num_stages=1, launch_pdl=True)  # fmt: skip
+        _down25[(T, triton.cdiv(H, v.down_block_n))](
+            hh, w2, out, wf, idf, cnt, n_up, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(),
+            BN=v.down_block_n, BK=v.down_block_k, KB=kb, num_warps=v.down_num_warps, num_stages=1,
+            launch_pdl=True)  # fmt: skip
+
+    runs = {"current": current_layer(c), "chained, grid wait": simt_layer(c, v, route), "counted wait": counted}
+
+    def left_clean(row, name, fn):
+        torch.cuda.synchronize()
+        row["counts_after"] = cnt.tolist()
+        return row["counts_after"] == [0, 0]
+
+    good = checked_runs("moe25", c, runs, left_clean)
+    timed_with_graphs("moe25", c, good, 9)
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -3453,6 +3566,7 @@ def main():
         22: (None, moe_case22),
         23: (None, moe_case23),
         24: (None, moe_case24),
+        25: (None, moe_case25),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3478,7 +3592,7 @@ def main():
     if moe is not None and ARGS.only in (None, "moe"):
         ts = {5: (1, 4, 16), 8: (1, 4, 16), 23: (1, 2, 4)}.get(ARGS.phase, (1, 4))
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ts]
-        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24):
+        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25):
             jobs = [j for j in jobs if j[1][1] == 1]
         if ARGS.phase in (16, 17, 18, 19, 20, 21, 22) and ARGS.quick:
             jobs = jobs[:1]
