@@ -81,6 +81,9 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
 --phase 25 MoE decode, T = 1: the down kernel waits for a counter of finished up programs (release /
            acquire atomics) instead of the up grid's completion (griddepcontrol.wait); the last down
            program past the wait zeroes the counters for the next call.
+--phase 26 what a lone call's events hold besides its kernels: gpu_ms around nothing, a one-element
+           torch fill, an empty Triton kernel and the T = 1 layer, and the layer's and nothing's
+           per-run samples (their spread and the values they take).
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -128,11 +131,13 @@ AP.add_argument(
     "19: launch overhead of chains, the router as a dependent launch; 20: the router's top-k in one pass; "
     "21: routing inside the GEMM launches with the one-pass top-k; 22: the one-pass router's warps; "
     "23: the chained decode layer's tile pairs per expert shape, T = 1, 2, 4; 24: narrower slabs and wider down "
-    "programs at T = 1; 25: the down kernel waits on a counter of finished up programs, not on the up grid",
+    "programs at T = 1; 25: the down kernel waits on a counter of finished up programs, not on the up grid; "
+    "26: the timer's own cost (events around nothing, a torch kernel, an empty Triton kernel) and its samples",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe26": [],
     "moe25": [],
     "moe24": [],
     "moe23": [],
@@ -3530,6 +3535,57 @@ def moe_case25(shape, T):
     save()
 
 
+# Phase 26: the timer's own cost.  gpu_ms (flush, GPU sleep, start event, the call, end event) around
+# nothing at all, around a one-element torch fill, an empty Triton kernel and the T = 1 layer, in
+# interleaved rounds; then 200 samples of nothing and of the layer, each after its own flush and
+# sleep, for their spread and the values they take.
+
+
+def samples_us(fn, reps=200):
+    """Per-run GPU microseconds of fn, each run after the flush and the sleep (gpu_ms's protocol)."""
+    for _ in range(5):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush_l2()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+
+def moe_case26(shape, T):
+    c = moe_setup(shape, T)
+    one = torch.zeros(1, device=DEV)
+    dummy = torch.zeros(1, device=DEV)
+    methods = {
+        "nothing": lambda: None,
+        "torch fill of one element": lambda: one.fill_(1.0),
+        "empty Triton kernel": lambda: _e19[(1,)](dummy, WAIT=False, TRIG=False),
+        "layer": current_layer(c),
+    }
+    times = per_round(methods, 9)
+    for name, t in times.items():
+        us = statistics.median(t) * 1e3
+        RES["moe26"].append({"case": c.name, "config": name, "us": us, "rounds_us": [v * 1e3 for v in t]})
+        log(f"  {c.name} {name}: {us:.2f} us, rounds {[round(v * 1e3, 2) for v in t]}")
+    for name in ("nothing", "layer"):
+        got = samples_us(methods[name])
+        vals = sorted(got)
+        q = [vals[int(p * (len(vals) - 1))] for p in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)]
+        distinct = sorted({round(v, 3) for v in got})
+        steps = sorted({round(b - a, 3) for a, b in zip(distinct, distinct[1:])})[:5]
+        RES["moe26"].append({"case": c.name, "config": f"{name} samples", "samples_us": got})
+        log(
+            f"  {c.name} {name} samples: min p10 p25 median p75 p90 max {[round(v, 3) for v in q]}, mean"
+            f" {statistics.mean(got):.3f}, {len(distinct)} distinct values, smallest steps {steps}"
+        )
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -3567,6 +3623,7 @@ def main():
         23: (None, moe_case23),
         24: (None, moe_case24),
         25: (None, moe_case25),
+        26: (None, moe_case26),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3592,7 +3649,7 @@ def main():
     if moe is not None and ARGS.only in (None, "moe"):
         ts = {5: (1, 4, 16), 8: (1, 4, 16), 23: (1, 2, 4)}.get(ARGS.phase, (1, 4))
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ts]
-        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25):
+        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25, 26):
             jobs = [j for j in jobs if j[1][1] == 1]
         if ARGS.phase in (16, 17, 18, 19, 20, 21, 22) and ARGS.quick:
             jobs = jobs[:1]
