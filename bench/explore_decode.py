@@ -84,6 +84,9 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
 --phase 26 what a lone call's events hold besides its kernels: gpu_ms around nothing, a one-element
            torch fill, an empty Triton kernel and the T = 1 layer, and the layer's and nothing's
            per-run samples (their spread and the values they take).
+--phase 27 MoE decode, T = 1, two launches: the up launch's first program routes the token (the
+           one-pass top-k) and sets a flag (release) that the others wait on (acquire) before they
+           read its ids; the down kernel as now, its first program zeroing the flag after its wait.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -132,11 +135,13 @@ AP.add_argument(
     "21: routing inside the GEMM launches with the one-pass top-k; 22: the one-pass router's warps; "
     "23: the chained decode layer's tile pairs per expert shape, T = 1, 2, 4; 24: narrower slabs and wider down "
     "programs at T = 1; 25: the down kernel waits on a counter of finished up programs, not on the up grid; "
-    "26: the timer's own cost (events around nothing, a torch kernel, an empty Triton kernel) and its samples",
+    "26: the timer's own cost (events around nothing, a torch kernel, an empty Triton kernel) and its samples; "
+    "27: one token routed by the up launch's first program, the others waiting on its flag",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe27": [],
     "moe26": [],
     "moe25": [],
     "moe24": [],
@@ -3586,6 +3591,114 @@ def moe_case26(shape, T):
     save()
 
 
+# Phase 27: no router launch at one token.  Phase 21 routed inside every program of both GEMMs (each
+# computed the top-k: slower); here only the up launch's first program does, then sets a flag, and
+# the others (resident at once, with nothing to read until then) spin on it.  The down kernel is
+# the production body's copy with its first program zeroing the flag once the up grid is done.
+
+
+@triton.jit
+def _up27(x_ptr, w_ptr, h_ptr, logits_ptr, weights_ptr, ids_ptr, flag_ptr, E, N, K, top_k, stride_lt, stride_le,
+          sxm, sxk, swe, swn, swk, shm, shn, E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, BN: tl.constexpr,
+          BK: tl.constexpr):  # fmt: skip
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        vals, idx = _topk_row(
+            logits_ptr, tl.program_id(0), E, top_k, stride_lt, stride_le, True, E_BLOCK, K_BLOCK, True, 1
+        )
+        kk = tl.arange(0, K_BLOCK)
+        tl.store(ids_ptr + kk, idx, mask=kk < top_k)
+        tl.store(weights_ptr + kk, vals, mask=kk < top_k)
+        tl.debug_barrier()
+        tl.atomic_xchg(flag_ptr, 1, sem="release")
+    ready = tl.atomic_add(flag_ptr, 0, sem="acquire")
+    while ready == 0:
+        ready = tl.atomic_add(flag_ptr, 0, sem="acquire")
+    gdc_launch_dependents()
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    expert = tl.load(ids_ptr + r, cache_modifier=".cg").to(tl.int64)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * sxm + offs_k * sxk
+    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
+    u_ptrs = g_ptrs + N * swn
+    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs).to(tl.float32)[None, :]
+        acc_g += tl.load(g_ptrs).to(tl.float32) * a
+        acc_u += tl.load(u_ptrs).to(tl.float32) * a
+        a_ptrs += BK * sxk
+        g_ptrs += BK * swk
+        u_ptrs += BK * swk
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _down27(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, flag_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
+            BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    w_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
+    w_ok = slot_ok[:, None, None]
+    b = tl.load(w_ptrs, mask=w_ok & (offs_k < K)[None, None, :], other=0.0)
+    gdc_wait()
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.atomic_xchg(flag_ptr, 0, sem="relaxed")  # the up grid is done: nobody reads it now
+    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * shm + offs_k[None, :] * shk
+    acc = tl.zeros((KB, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+        b_next = tl.load(w_ptrs + BK * swk, mask=w_ok & (offs_k < K - k0 - BK)[None, None, :], other=0.0)
+        acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+        b = b_next
+        a_ptrs += BK * shk
+        w_ptrs += BK * swk
+    o = tl.sum(acc * weight[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def moe_case27(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    v = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
+    flag = torch.zeros(1, dtype=torch.int32, device=DEV)
+
+    def flagged():
+        hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+        _up27[(numel, triton.cdiv(inter, v.block_n))](
+            x, w1, hh, c.logits, wf, idf, flag, c.E, inter, H, k, c.logits.stride(0), c.logits.stride(1),
+            x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), E_BLOCK=c.e_block, K_BLOCK=kb, BN=v.block_n,
+            BK=v.block_k, num_warps=v.num_warps, num_stages=1)  # fmt: skip
+        _down27[(T, triton.cdiv(H, v.down_block_n))](
+            hh, w2, out, wf, idf, flag, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=v.down_block_n,
+            BK=v.down_block_k, KB=kb, num_warps=v.down_num_warps, num_stages=1, launch_pdl=True)  # fmt: skip
+
+    runs = {"current": current_layer(c), "flagged, two launches": flagged}
+
+    def same_ids(row, name, fn):
+        torch.cuda.synchronize()
+        row["flag_after"] = int(flag.item())
+        if name == "current":
+            return True
+        row["ids_same"] = bool(torch.equal(idf.view(T, k), c.ids_ref))
+        return row["ids_same"] and row["flag_after"] == 0
+
+    good = checked_runs("moe27", c, runs, same_ids)
+    timed_with_graphs("moe27", c, good, 9)
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -3624,6 +3737,7 @@ def main():
         24: (None, moe_case24),
         25: (None, moe_case25),
         26: (None, moe_case26),
+        27: (None, moe_case27),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3649,7 +3763,7 @@ def main():
     if moe is not None and ARGS.only in (None, "moe"):
         ts = {5: (1, 4, 16), 8: (1, 4, 16), 23: (1, 2, 4)}.get(ARGS.phase, (1, 4))
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ts]
-        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25, 26):
+        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25, 26, 27):
             jobs = [j for j in jobs if j[1][1] == 1]
         if ARGS.phase in (16, 17, 18, 19, 20, 21, 22) and ARGS.quick:
             jobs = jobs[:1]
