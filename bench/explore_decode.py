@@ -112,7 +112,15 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, globalti
 from policy_runtime import attention as A  # noqa: E402
 from policy_runtime import moe as M  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
-from policy_runtime.timing import SLEEP_CYCLES, captured, flush_l2, gpu_ms, per_round, rel_err  # noqa: E402
+from policy_runtime.timing import (  # noqa: E402
+    SLEEP_CYCLES,
+    captured,
+    flush_l2,
+    gpu_ms,
+    gpu_samples_ms,
+    per_round,
+    rel_err,
+)
 from policy_runtime.tuning import BoundKernel  # noqa: E402
 
 AP = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -3546,22 +3554,6 @@ def moe_case25(shape, T):
 # sleep, for their spread and the values they take.
 
 
-def samples_us(fn, reps=200):
-    """Per-run GPU microseconds of fn, each run after the flush and the sleep (gpu_ms's protocol)."""
-    for _ in range(5):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        flush_l2()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-
-
 def moe_case26(shape, T):
     c = moe_setup(shape, T)
     one = torch.zeros(1, device=DEV)
@@ -3578,7 +3570,7 @@ def moe_case26(shape, T):
         RES["moe26"].append({"case": c.name, "config": name, "us": us, "rounds_us": [v * 1e3 for v in t]})
         log(f"  {c.name} {name}: {us:.2f} us, rounds {[round(v * 1e3, 2) for v in t]}")
     for name in ("nothing", "layer"):
-        got = samples_us(methods[name])
+        got = [ms * 1e3 for ms in gpu_samples_ms(methods[name], reps=200)]
         vals = sorted(got)
         q = [vals[int(p * (len(vals) - 1))] for p in (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)]
         distinct = sorted({round(v, 3) for v in got})

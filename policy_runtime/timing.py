@@ -43,10 +43,12 @@ def flush_l2() -> None:
     torch.sum(_FLUSH[0], dim=0, out=_FLUSH[1])
 
 
-def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5, flush: Callable[[], None] = flush_l2) -> float:
-    """Median GPU milliseconds of ``fn`` over ``reps`` runs, each after an L2 flush (``flush_l2``'s
+def gpu_samples_ms(
+    fn: Callable[[], object], reps: int = 100, warmup: int = 5, flush: Callable[[], None] = flush_l2
+) -> list[float]:
+    """GPU milliseconds of each of ``reps`` runs of ``fn``, each after an L2 flush (``flush_l2``'s
     read of 256 MiB unless ``flush`` is another), with a GPU sleep between the flush and the start
-    event."""
+    event (so that the host's launch time is off the clock)."""
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -58,7 +60,12 @@ def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5, flush: Ca
         fn()
         ends[i].record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def gpu_ms(fn: Callable[[], object], reps: int = 100, warmup: int = 5, flush: Callable[[], None] = flush_l2) -> float:
+    """Median GPU milliseconds of ``fn`` over ``reps`` runs timed as ``gpu_samples_ms`` times them."""
+    return statistics.median(gpu_samples_ms(fn, reps, warmup, flush))
 
 
 def captured(fn: Callable[[], object], warmups: int = 3) -> tuple["torch.cuda.CUDAGraph", object]:
