@@ -3450,36 +3450,19 @@ def moe_case24(shape, T):
 @triton.jit
 def _up25(x_ptr, w_ptr, h_ptr, ids_ptr, cnt_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn,
           BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    gdc_wait()
-    gdc_launch_dependents()
-    r = tl.program_id(0)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    cols = (offs_n % N).to(tl.int64)
-    offs_k = tl.arange(0, BK)
-    expert = tl.load(ids_ptr + r).to(tl.int64)
-    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * sxm + offs_k * sxk
-    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
-    u_ptrs = g_ptrs + N * swn
-    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
-    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        a = tl.load(a_ptrs).to(tl.float32)[None, :]
-        acc_g += tl.load(g_ptrs).to(tl.float32) * a
-        acc_u += tl.load(u_ptrs).to(tl.float32) * a
-        a_ptrs += BK * sxk
-        g_ptrs += BK * swk
-        u_ptrs += BK * swk
-    gate = tl.sum(acc_g, axis=1)
-    up = tl.sum(acc_u, axis=1)
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+    # The production up body (SiLU, K steps that divide K, a dependent launch), then the count.
+    M._simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, 0, True, BN, BK, True)
     tl.debug_barrier()  # every thread's rows stored before the count says so
     tl.atomic_add(cnt_ptr, 1, sem="release")
 
 
 @triton.jit
-def _down25(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, cnt_ptr, n_up, N, K, top_k, shm, shk, swe, swn, swk,
-            som, son, BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
+def _down_synced(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, sync_ptr, n_up, N, K, top_k, shm, shk, swe, swn, swk,
+                 som, son, BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, COUNTED: tl.constexpr):  # fmt: skip
+    # The production down body with another wait.  COUNTED (phase 25): spin on sync_ptr[0], the count
+    # of finished up programs, until it reaches n_up; the last program past the wait (sync_ptr[1]
+    # counts them) zeroes both.  Else (phase 27): the up grid's completion, then the first program
+    # zeroes the flag sync_ptr[0] (nobody reads it now).
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     rows = (offs_n % N).to(tl.int64)
@@ -3491,13 +3474,18 @@ def _down25(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, cnt_ptr, n_up, N, K, to
     w_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
     w_ok = slot_ok[:, None, None]
     b = tl.load(w_ptrs, mask=w_ok & (offs_k < K)[None, None, :], other=0.0)
-    done = tl.atomic_add(cnt_ptr, 0, sem="acquire")
-    while done < n_up:
-        done = tl.atomic_add(cnt_ptr, 0, sem="acquire")
-    n_down = tl.num_programs(0) * tl.num_programs(1)
-    if tl.atomic_add(cnt_ptr + 1, 1, sem="relaxed") == n_down - 1:  # the last past the wait
-        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
-        tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed")
+    if COUNTED:
+        done = tl.atomic_add(sync_ptr, 0, sem="acquire")
+        while done < n_up:
+            done = tl.atomic_add(sync_ptr, 0, sem="acquire")
+        n_down = tl.num_programs(0) * tl.num_programs(1)
+        if tl.atomic_add(sync_ptr + 1, 1, sem="relaxed") == n_down - 1:  # the last past the wait
+            tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
+            tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed")
+    else:
+        gdc_wait()
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
     weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
     a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * shm + offs_k[None, :] * shk
     acc = tl.zeros((KB, BN), dtype=tl.float32)
@@ -3531,9 +3519,9 @@ def moe_case25(shape, T):
         _up25[(numel, triton.cdiv(inter, v.block_n))](
             x, w1, hh, idf, cnt, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=v.block_n,
             BK=v.block_k, num_warps=v.num_warps, num_stages=1, launch_pdl=True)  # fmt: skip
-        _down25[(T, triton.cdiv(H, v.down_block_n))](
+        _down_synced[(T, triton.cdiv(H, v.down_block_n))](
             hh, w2, out, wf, idf, cnt, n_up, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(),
-            BN=v.down_block_n, BK=v.down_block_k, KB=kb, num_warps=v.down_num_warps, num_stages=1,
+            BN=v.down_block_n, BK=v.down_block_k, KB=kb, COUNTED=True, num_warps=v.down_num_warps, num_stages=1,
             launch_pdl=True)  # fmt: skip
 
     runs = {"current": current_layer(c), "chained, grid wait": simt_layer(c, v, route), "counted wait": counted}
@@ -3586,7 +3574,9 @@ def moe_case26(shape, T):
 # Phase 27: no router launch at one token.  Phase 21 routed inside every program of both GEMMs (each
 # computed the top-k: slower); here only the up launch's first program does, then sets a flag, and
 # the others (resident at once, with nothing to read until then) spin on it.  The down kernel is
-# the production body's copy with its first program zeroing the flag once the up grid is done.
+# phase 25's, waiting on the up grid as the production body does, its first program then zeroing
+# the flag.  (The up kernel's body is a copy of the production one but for its ids' load, read
+# past L1, as it was measured.)
 
 
 @triton.jit
@@ -3629,37 +3619,6 @@ def _up27(x_ptr, w_ptr, h_ptr, logits_ptr, weights_ptr, ids_ptr, flag_ptr, E, N,
     tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-@triton.jit
-def _down27(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, flag_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
-            BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
-    t = tl.program_id(0)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    rows = (offs_n % N).to(tl.int64)
-    slot = tl.arange(0, KB)
-    slot_ok = slot < top_k
-    flat = t * top_k + slot
-    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
-    offs_k = tl.arange(0, BK)
-    w_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
-    w_ok = slot_ok[:, None, None]
-    b = tl.load(w_ptrs, mask=w_ok & (offs_k < K)[None, None, :], other=0.0)
-    gdc_wait()
-    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-        tl.atomic_xchg(flag_ptr, 0, sem="relaxed")  # the up grid is done: nobody reads it now
-    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
-    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * shm + offs_k[None, :] * shk
-    acc = tl.zeros((KB, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
-        b_next = tl.load(w_ptrs + BK * swk, mask=w_ok & (offs_k < K - k0 - BK)[None, None, :], other=0.0)
-        acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
-        b = b_next
-        a_ptrs += BK * shk
-        w_ptrs += BK * swk
-    o = tl.sum(acc * weight[:, None], axis=0)
-    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
-
-
 def moe_case27(shape, T):
     c = moe_setup(shape, T)
     x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
@@ -3672,9 +3631,10 @@ def moe_case27(shape, T):
             x, w1, hh, c.logits, wf, idf, flag, c.E, inter, H, k, c.logits.stride(0), c.logits.stride(1),
             x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), E_BLOCK=c.e_block, K_BLOCK=kb, BN=v.block_n,
             BK=v.block_k, num_warps=v.num_warps, num_stages=1)  # fmt: skip
-        _down27[(T, triton.cdiv(H, v.down_block_n))](
-            hh, w2, out, wf, idf, flag, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=v.down_block_n,
-            BK=v.down_block_k, KB=kb, num_warps=v.down_num_warps, num_stages=1, launch_pdl=True)  # fmt: skip
+        _down_synced[(T, triton.cdiv(H, v.down_block_n))](
+            hh, w2, out, wf, idf, flag, 0, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=v.down_block_n,
+            BK=v.down_block_k, KB=kb, COUNTED=False, num_warps=v.down_num_warps, num_stages=1,
+            launch_pdl=True)  # fmt: skip
 
     runs = {"current": current_layer(c), "flagged, two launches": flagged}
 
