@@ -241,11 +241,7 @@ def check(name, got, ref, case) -> None:
 
 def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
     E, H, inter, k = s["E"], s["H"], s["I"], s["k"]
-    g = torch.Generator(device=DEV).manual_seed(T)
-    x = torch.randn(T, H, device=DEV, generator=g).to(DT)
-    w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
-    w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
-    logits = torch.randn(T, E, device=DEV, generator=g)
+    x, w1, w2, logits = layer_inputs(T, E, H, inter, torch.Generator(device=DEV).manual_seed(T))
     bucket = M.select(T, inter, dtype=DT, hw=hw, device=DEV)
     case = {"shape": shape_name, "T": T, "bucket": bucket.name, "kernels": bucket.variant.name}
 
@@ -299,7 +295,7 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
     timed = interleaved(methods, 1 if SMOKE else ARGS.rounds, "ours", bench_ms)
     ms = {n: t["ms"] for n, t in timed.items()}
     used = ids.unique().numel()
-    weight_bytes = used * 3 * H * inter * x.element_size()
+    weight_bytes = activated_bytes(ids, w2)
     flops = 6 * T * k * H * inter
     copy = RES["copy"]["tbps"]
     case.update(
@@ -350,6 +346,21 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
     return case
 
 
+def layer_inputs(T, E, H, inter, g):
+    """One MoE layer's random inputs, drawn from generator g: hidden states [T, H], w1 [E, 2I, H]
+    and w2 [E, H, I] (scaled so that activations stay near unit size), fp32 logits [T, E]."""
+    x = torch.randn(T, H, device=DEV, generator=g).to(DT)
+    w1 = (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT)
+    w2 = (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT)
+    return x, w1, w2, torch.randn(T, E, device=DEV, generator=g)
+
+
+def activated_bytes(ids, w2) -> int:
+    """The weight bytes a call reads: w1's and w2's rows of every expert some token routes to."""
+    E, H, inter = w2.shape
+    return ids.unique().numel() * 3 * H * inter * w2.element_size()
+
+
 def decode_step_ms(x, w1, w2, logits, k, hw, case) -> float:
     """STEP_LAYERS MoE layers back to back as a decode step runs them (each starts when the one
     before it has ended: its router is a plain launch), each with its own input, weights and
@@ -357,17 +368,9 @@ def decode_step_ms(x, w1, w2, logits, k, hw, case) -> float:
     timed as replays (gpu_ms: L2 flushed before each).  (Each layer has its own input because
     without a model's norms and residuals a chain of layers' outputs would shrink to zero.)
     Records the step's weight bytes (each layer's activated experts) in case."""
-    E, H, inter = w1.shape[0], x.shape[1], w2.shape[2]
-    g = torch.Generator(device=DEV).manual_seed(1000 + x.shape[0])
-    layers = [(x, w1, w2, logits)] + [
-        (
-            torch.randn(x.shape, device=DEV, generator=g).to(DT),
-            (torch.randn(E, 2 * inter, H, device=DEV, generator=g) / H**0.5).to(DT),
-            (torch.randn(E, H, inter, device=DEV, generator=g) / inter**0.5).to(DT),
-            torch.randn(x.shape[0], E, device=DEV, generator=g),
-        )
-        for _ in range(STEP_LAYERS - 1)
-    ]
+    (T, H), (E, _, inter) = x.shape, w2.shape
+    g = torch.Generator(device=DEV).manual_seed(1000 + T)
+    layers = [(x, w1, w2, logits)] + [layer_inputs(T, E, H, inter, g) for _ in range(STEP_LAYERS - 1)]
     outs = [torch.empty_like(x) for _ in layers]
 
     def step():
@@ -377,9 +380,8 @@ def decode_step_ms(x, w1, w2, logits, k, hw, case) -> float:
         return outs
 
     want = torch.stack(step()).float()
-    used = sum(M.topk_softmax(lg, k, True)[1].unique().numel() for *_, lg in layers)
     case["step_layers"] = STEP_LAYERS
-    case["step_weight_bytes"] = used * 3 * H * inter * x.element_size()
+    case["step_weight_bytes"] = sum(activated_bytes(M.topk_softmax(lg, k, True)[1], b) for _, _, b, lg in layers)
     if SMOKE:  # the interpreter: the eager run (no graphs on the CPU)
         return bench_ms(step)
     graph, got = captured(step)
