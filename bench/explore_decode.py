@@ -87,6 +87,8 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
 --phase 27 MoE decode, T = 1, two launches: the up launch's first program routes the token (the
            one-pass top-k) and sets a flag (release) that the others wait on (acquire) before they
            read its ids; the down kernel as now, its first program zeroing the flag after its wait.
+--phase 28 MoE decode, T = 1: the up and down loops software-pipelined (tl.range's num_stages: every
+           load staged through shared memory by cp.async), over up slabs and down chunks and stages.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -144,11 +146,13 @@ AP.add_argument(
     "23: the chained decode layer's tile pairs per expert shape, T = 1, 2, 4; 24: narrower slabs and wider down "
     "programs at T = 1; 25: the down kernel waits on a counter of finished up programs, not on the up grid; "
     "26: the timer's own cost (events around nothing, a torch kernel, an empty Triton kernel) and its samples; "
-    "27: one token routed by the up launch's first program, the others waiting on its flag",
+    "27: one token routed by the up launch's first program, the others waiting on its flag; "
+    "28: the simt loops software-pipelined (cp.async stages) over slabs, chunks and stages",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe28": [],
     "moe27": [],
     "moe26": [],
     "moe25": [],
@@ -3651,6 +3655,140 @@ def moe_case27(shape, T):
     save()
 
 
+# Phase 28: the simt loops software-pipelined.  The production bodies keep one K step of weights in
+# flight a program (up) or two (down, by hand); a loop written with tl.range(..., num_stages=S) has
+# Triton stage every load of the loop through shared memory by cp.async, S - 1 steps ahead, with no
+# registers held for the steps in flight.  _up28 is _simt_up (SiLU, whole K steps, chained) with its
+# loop so written; _down28 is _simt_down with the first chunk peeled (loaded before the wait, as now)
+# and the rest of the loop so written, no chunk loaded ahead by hand.  Same products in the same
+# order as the production bodies, so outputs match them bit for bit.  T = 1.
+
+
+@triton.jit
+def _up28(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, BN: tl.constexpr,
+          BK: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    gdc_wait()
+    gdc_launch_dependents()
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * sxm + offs_k * sxk
+    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
+    u_ptrs = g_ptrs + N * swn
+    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        a = tl.load(a_ptrs + k0 * sxk).to(tl.float32)[None, :]
+        acc_g += tl.load(g_ptrs + k0 * swk).to(tl.float32) * a
+        acc_u += tl.load(u_ptrs + k0 * swk).to(tl.float32) * a
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _down28(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
+            BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    w_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
+    w_ok = slot_ok[:, None, None]
+    b = tl.load(w_ptrs, mask=w_ok, other=0.0)
+    gdc_wait()
+    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * shm + offs_k[None, :] * shk
+    a = tl.load(a_ptrs, mask=slot_ok[:, None], other=0.0)
+    acc = tl.zeros((KB, BN), dtype=tl.float32)
+    acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+    for k0 in tl.range(BK, K, BK, num_stages=STAGES):
+        a = tl.load(a_ptrs + k0 * shk, mask=slot_ok[:, None], other=0.0)
+        b = tl.load(w_ptrs + k0 * swk, mask=w_ok, other=0.0)
+        acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+    o = tl.sum(acc * weight[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+# Up slabs (rows, K step in elements, warps), stages; down chunks (rows, K step, warps), stages (0: the
+# production body).
+UP28 = [(bn, bk, w) for bn in (4, 8, 16) for bk in (256, 512) for w in (2, 4)]
+DOWN28 = [(4, 128, 4), (4, 256, 8), (8, 256, 8), (2, 256, 4), (8, 128, 4)]
+
+
+def moe_case28(shape, T):
+    c = moe_setup(shape, T)
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    v = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
+    warps = min(4, max(1, c.e_block // 128))  # topk_softmax's own choice for a decode token
+    cur_up = (v.block_n, v.block_k, v.num_warps)
+    cur_down = (v.down_block_n, v.down_block_k, v.down_num_warps)
+    regs = {}
+
+    def layer(up, up_st, down, down_st):
+        (bn, bk, w), (dbn, dbk, dw) = up, down
+        assert H % bk == 0 and inter % dbk == 0, "phase 28 runs whole K steps only"
+
+        def run():
+            hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+            M._topk_softmax_kernel[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1),
+                                         RENORMALIZE=True, BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=True,
+                                         num_warps=warps)  # fmt: skip
+            if up_st == 0:
+                ku = M._simt_up[(numel, triton.cdiv(inter, bn))](
+                    x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+                    EVEN_K=True, BLOCK_N=bn, BLOCK_K=bk, PDL=True, num_warps=w, num_stages=1,
+                    launch_pdl=True)  # fmt: skip
+            else:
+                ku = _up28[(numel, triton.cdiv(inter, bn))](
+                    x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=bn, BK=bk,
+                    STAGES=up_st, num_warps=w, num_stages=1, launch_pdl=True)  # fmt: skip
+            if down_st == 0:
+                kd = M._simt_down[(T, triton.cdiv(H, dbn))](
+                    hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=dbn,
+                    BLOCK_K=dbk, KB=kb, PDL=True, num_warps=dw, num_stages=1, launch_pdl=True)  # fmt: skip
+            else:
+                kd = _down28[(T, triton.cdiv(H, dbn))](
+                    hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=dbn, BK=dbk,
+                    KB=kb, STAGES=down_st, num_warps=dw, num_stages=1, launch_pdl=True)  # fmt: skip
+            for part, kern, st in (("up", ku, up_st), ("down", kd, down_st)):
+                if kern is not None and hasattr(kern, "n_regs"):
+                    regs[f"{part} {up if part == 'up' else down} s{st}"] = [kern.n_regs, kern.n_spills,
+                                                                             kern.metadata.shared]  # fmt: skip
+
+        return run
+
+    def name(up, up_st, down, down_st):
+        return f"up {up} s{up_st} down {down} s{down_st}"
+
+    # Stage A: up slabs and stages, against the record's down kernel.
+    runs = {"current": current_layer(c)}
+    ups = [(cur_up, st) for st in (0, 2, 3, 4)] + [(u, st) for u in UP28 for st in (2, 3) if u != cur_up]
+    for up, st in ups:
+        runs[name(up, st, cur_down, 0)] = layer(up, st, cur_down, 0)
+    good = checked_runs("moe28", c, runs)
+    ranked = timed_rounds("moe28", c, good, 5)
+    best_ups = [next((u, st) for u, st in ups if name(u, st, cur_down, 0) == n) for n in ranked if n != "current"][:2]
+    # Stage B: the two best up kernels and the record's, against down chunks and stages.
+    runs_b = {"current": runs["current"]}
+    for up, st in dict.fromkeys(best_ups + [(cur_up, 0)]):
+        for down, dst in [(cur_down, 0)] + [(d, s) for d in DOWN28 for s in (1, 2, 3)]:
+            runs_b[name(up, st, down, dst)] = layer(up, st, down, dst)
+    good_b = checked_runs("moe28", c, runs_b)
+    ranked_b = timed_rounds("moe28", c, good_b, 5, suffix=" [B]")
+    leaders("moe28", c, good_b, ranked_b, runs["current"], rounds=9, n=6)
+    log(f"  {c.name} registers, spills, shared bytes: {regs}")
+    RES["moe28"].append({"case": c.name, "registers_spills_shared": regs})
+    save()
+
+
 def main():
     RES["meta"] = {
         "device": torch.cuda.get_device_name(),
@@ -3690,6 +3828,7 @@ def main():
         25: (None, moe_case25),
         26: (None, moe_case26),
         27: (None, moe_case27),
+        28: (None, moe_case28),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3715,7 +3854,7 @@ def main():
     if moe is not None and ARGS.only in (None, "moe"):
         ts = {5: (1, 4, 16), 8: (1, 4, 16), 23: (1, 2, 4)}.get(ARGS.phase, (1, 4))
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ts]
-        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25, 26, 27):
+        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28):
             jobs = [j for j in jobs if j[1][1] == 1]
         if ARGS.phase in (16, 17, 18, 19, 20, 21, 22) and ARGS.quick:
             jobs = jobs[:1]
