@@ -3655,66 +3655,15 @@ def moe_case27(shape, T):
     save()
 
 
-# Phase 28: the simt loops software-pipelined.  The production bodies keep one K step of weights in
+# Phase 28: the simt loops software-pipelined.  The production bodies kept one K step of weights in
 # flight a program (up) or two (down, by hand); a loop written with tl.range(..., num_stages=S) has
 # Triton stage every load of the loop through shared memory by cp.async, S - 1 steps ahead, with no
-# registers held for the steps in flight.  _up28 is _simt_up (SiLU, whole K steps, chained) with its
-# loop so written; _down28 is _simt_down with the first chunk peeled (loaded before the wait, as now)
-# and the rest of the loop so written, no chunk loaded ahead by hand.  Same products in the same
-# order as the production bodies, so outputs match them bit for bit.  T = 1.
-
-
-@triton.jit
-def _up28(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, BN: tl.constexpr,
-          BK: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    gdc_wait()
-    gdc_launch_dependents()
-    r = tl.program_id(0)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    cols = (offs_n % N).to(tl.int64)
-    offs_k = tl.arange(0, BK)
-    expert = tl.load(ids_ptr + r).to(tl.int64)
-    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * sxm + offs_k * sxk
-    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
-    u_ptrs = g_ptrs + N * swn
-    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
-    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
-    for k0 in tl.range(0, K, BK, num_stages=STAGES):
-        a = tl.load(a_ptrs + k0 * sxk).to(tl.float32)[None, :]
-        acc_g += tl.load(g_ptrs + k0 * swk).to(tl.float32) * a
-        acc_u += tl.load(u_ptrs + k0 * swk).to(tl.float32) * a
-    gate = tl.sum(acc_g, axis=1)
-    up = tl.sum(acc_u, axis=1)
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
-
-
-@triton.jit
-def _down28(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
-            BN: tl.constexpr, BK: tl.constexpr, KB: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    t = tl.program_id(0)
-    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-    rows = (offs_n % N).to(tl.int64)
-    slot = tl.arange(0, KB)
-    slot_ok = slot < top_k
-    flat = t * top_k + slot
-    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
-    offs_k = tl.arange(0, BK)
-    w_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
-    w_ok = slot_ok[:, None, None]
-    b = tl.load(w_ptrs, mask=w_ok, other=0.0)
-    gdc_wait()
-    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
-    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * shm + offs_k[None, :] * shk
-    a = tl.load(a_ptrs, mask=slot_ok[:, None], other=0.0)
-    acc = tl.zeros((KB, BN), dtype=tl.float32)
-    acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
-    for k0 in tl.range(BK, K, BK, num_stages=STAGES):
-        a = tl.load(a_ptrs + k0 * shk, mask=slot_ok[:, None], other=0.0)
-        b = tl.load(w_ptrs + k0 * swk, mask=w_ok, other=0.0)
-        acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
-    o = tl.sum(acc * weight[:, None], axis=0)
-    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+# registers held for the steps in flight.  Run 2026-12-01 (bench/results/h200_explore_decode28.*)
+# on prototypes of that form: _simt_up with its loop so written, and _simt_down with its first
+# chunk peeled (loaded before the wait, as before) and the rest of its loop so written, no chunk
+# loaded ahead by hand; since adopted as the production bodies' STAGES (> 1), which this phase now
+# runs (stages 0: the body at STAGES 1, the unstaged loops).  Same products in the same order
+# either way, so outputs match bit for bit.  T = 1.
 
 
 # Up slabs (rows, K step in elements, warps), stages; down chunks (rows, K step, warps), stages (0: the
@@ -3741,23 +3690,14 @@ def moe_case28(shape, T):
             M._topk_softmax_kernel[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1),
                                          RENORMALIZE=True, BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=True,
                                          num_warps=warps)  # fmt: skip
-            if up_st == 0:
-                ku = M._simt_up[(numel, triton.cdiv(inter, bn))](
-                    x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
-                    EVEN_K=True, BLOCK_N=bn, BLOCK_K=bk, PDL=True, num_warps=w, num_stages=1,
-                    launch_pdl=True)  # fmt: skip
-            else:
-                ku = _up28[(numel, triton.cdiv(inter, bn))](
-                    x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=bn, BK=bk,
-                    STAGES=up_st, num_warps=w, num_stages=1, launch_pdl=True)  # fmt: skip
-            if down_st == 0:
-                kd = M._simt_down[(T, triton.cdiv(H, dbn))](
-                    hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=dbn,
-                    BLOCK_K=dbk, KB=kb, PDL=True, num_warps=dw, num_stages=1, launch_pdl=True)  # fmt: skip
-            else:
-                kd = _down28[(T, triton.cdiv(H, dbn))](
-                    hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BN=dbn, BK=dbk,
-                    KB=kb, STAGES=down_st, num_warps=dw, num_stages=1, launch_pdl=True)  # fmt: skip
+            ku = M._simt_up[(numel, triton.cdiv(inter, bn))](
+                x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+                EVEN_K=True, BLOCK_N=bn, BLOCK_K=bk, STAGES=max(up_st, 1), PDL=True, num_warps=w, num_stages=1,
+                launch_pdl=True)  # fmt: skip
+            kd = M._simt_down[(T, triton.cdiv(H, dbn))](
+                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=dbn,
+                BLOCK_K=dbk, STAGES=max(down_st, 1), KB=kb, PDL=True, num_warps=dw, num_stages=1,
+                launch_pdl=True)  # fmt: skip
             for part, kern, st in (("up", ku, up_st), ("down", kd, down_st)):
                 if kern is not None and hasattr(kern, "n_regs"):
                     regs[f"{part} {up if part == 'up' else down} s{st}"] = [kern.n_regs, kern.n_spills,

@@ -263,12 +263,16 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
 @triton.jit
 def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
              stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1):
     # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1), on
-    # the CUDA cores: each step loads a BLOCK_N x BLOCK_K slab of both halves into registers and
-    # multiplies it by the row elementwise into fp32 accumulators of the slab's shape, which are
-    # reduced over K once, at the end.  No shared memory and no padding rows: every byte loaded
-    # is a weight the row needs, and a program is small enough that several share an SM.
+    # the CUDA cores: each step loads a BLOCK_N x BLOCK_K slab of both halves and multiplies it by
+    # the row elementwise into fp32 accumulators of the slab's shape, which are reduced over K
+    # once, at the end.  No padding rows: every byte loaded is a weight the row needs, and a
+    # program is small enough that several share an SM.  STAGES 1: each slab goes straight into
+    # registers, one step in flight; STAGES > 1: tl.range has Triton stage every load of the loop
+    # through shared memory by cp.async, STAGES - 1 steps ahead (on an H200 at one token, qwen36's
+    # 8 x 512 slabs at 3 stages with the down kernel at 2: 28.9 against 30.2 us,
+    # bench/results/h200_explore_decode28.*).
     # PDL (launched as a programmatic dependent launch): wait until the kernel before (the router)
     # has finished and its writes are visible, then let the down kernel launch; nothing is read
     # before the wait.
@@ -285,22 +289,19 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         if EVEN_K:
-            a = tl.load(a_ptrs)
-            g = tl.load(g_ptrs)
-            u = tl.load(u_ptrs)
+            a = tl.load(a_ptrs + k0 * stride_xk)
+            g = tl.load(g_ptrs + k0 * stride_wk)
+            u = tl.load(u_ptrs + k0 * stride_wk)
         else:
             k_ok = offs_k < K - k0
-            a = tl.load(a_ptrs, mask=k_ok, other=0.0)
-            g = tl.load(g_ptrs, mask=k_ok[None, :], other=0.0)
-            u = tl.load(u_ptrs, mask=k_ok[None, :], other=0.0)
+            a = tl.load(a_ptrs + k0 * stride_xk, mask=k_ok, other=0.0)
+            g = tl.load(g_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0)
         a = a.to(tl.float32)[None, :]
         acc_g += g.to(tl.float32) * a
         acc_u += u.to(tl.float32) * a
-        a_ptrs += BLOCK_K * stride_xk
-        g_ptrs += BLOCK_K * stride_wk
-        u_ptrs += BLOCK_K * stride_wk
     gate = tl.sum(acc_g, axis=1)
     up = tl.sum(acc_u, axis=1)
     if ACT == 0:
@@ -313,15 +314,17 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
 @triton.jit
 def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
                stride_we, stride_wn, stride_wk, stride_om, stride_on, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):
+               BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1):
     # One token t per program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores: each
     # step loads a K chunk of the BLOCK_N weight rows of all the token's k experts at once (a
-    # [KB, BLOCK_N, BLOCK_K] slab, KB = k padded to a power of two) and the next chunk before it
-    # multiplies this one by the k rows of h, reducing over the chunk into fp32 [KB, BLOCK_N]
-    # accumulators; the routing weights scale the k sums at the end, added in a fixed order (the
-    # same every run).  Against one expert a step, a program keeps k times the bytes in flight: alone
-    # at one token on an H200 (4 x 128 chunks, 4 warps) 12.4 against 13.1 us (qwen36) and 12.1 against
-    # 17.1 us (128 experts x 768) (bench/results/h200_explore_decode11.*).
+    # [KB, BLOCK_N, BLOCK_K] slab, KB = k padded to a power of two) and multiplies it by the k rows
+    # of h, reducing over the chunk into fp32 [KB, BLOCK_N] accumulators; the routing weights
+    # scale the k sums at the end, added in a fixed order (the same every run).  Against one
+    # expert a step, a program keeps k times the bytes in flight: alone at one token on an H200
+    # (4 x 128 chunks, 4 warps) 12.4 against 13.1 us (qwen36) and 12.1 against 17.1 us (128
+    # experts x 768) (bench/results/h200_explore_decode11.*).  STAGES 1: the next chunk is loaded
+    # into registers before this one is used; STAGES > 1: the loop after the first chunk is a
+    # tl.range of that depth (its loads staged through shared memory by cp.async, as _simt_up's).
     # PDL: the ids (written by the router, finished before the up kernel let this one launch; read
     # past L1) and the first chunk are loaded before waiting for the up kernel, h after.
     t = tl.program_id(0)
@@ -340,13 +343,21 @@ def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
     a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
     acc = tl.zeros((KB, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
-        b_next = tl.load(w_ptrs + BLOCK_K * stride_wk, mask=w_ok & (offs_k < K - k0 - BLOCK_K)[None, None, :], other=0.0)
+    if STAGES == 1:
+        for k0 in range(0, K, BLOCK_K):
+            a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+            b_next = tl.load(w_ptrs + BLOCK_K * stride_wk, mask=w_ok & (offs_k < K - k0 - BLOCK_K)[None, None, :], other=0.0)
+            acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+            b = b_next
+            a_ptrs += BLOCK_K * stride_hk
+            w_ptrs += BLOCK_K * stride_wk
+    else:
+        a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K)[None, :], other=0.0)
         acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
-        b = b_next
-        a_ptrs += BLOCK_K * stride_hk
-        w_ptrs += BLOCK_K * stride_wk
+        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+            a = tl.load(a_ptrs + k0 * stride_hk, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+            b = tl.load(w_ptrs + k0 * stride_wk, mask=w_ok & (offs_k < K - k0)[None, None, :], other=0.0)
+            acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
     o = tl.sum(acc * weight[:, None], axis=0)
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n * stride_on, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
@@ -497,6 +508,9 @@ class Variant:
     down_block_n: int
     down_block_k: int
     down_num_warps: int
+    # The down GEMM's pipelining depth (the spec's down_num_stages; the up GEMM's unless the record
+    # says otherwise).
+    down_num_stages: int
     # simt: both GEMMs launched as programmatic dependent launches where the device has them.
     chained: bool
 
@@ -522,8 +536,11 @@ class Variant:
         numel = weights.numel()
         k = numel // T
         h = torch.empty((numel, inter), dtype=x.dtype, device=x.device)
-        opts = dict(num_warps=self.num_warps, num_stages=self.num_stages)
-        down_opts = dict(num_warps=self.down_num_warps, num_stages=self.num_stages)
+        # simt's loops set their own depth (tl.range, the STAGES its wrappers pass), so its
+        # launches leave Triton's kernel-wide one at 1.
+        simt = self.kind == "simt"
+        opts = dict(num_warps=self.num_warps, num_stages=1 if simt else self.num_stages)
+        down_opts = dict(num_warps=self.down_num_warps, num_stages=1 if simt else self.down_num_stages)
         if self.kind in ("gemv", "simt"):
             # One routed row a program (up), one token a program (down).  simt's down kernel takes
             # the padded expert count; gemv's whether its K steps divide I.  Chained (simt): the up

@@ -30,6 +30,7 @@ def body_constants(record: Mapping[str, Any], dtype_bytes: int) -> dict[str, tup
     elif kind == "gemv":
         up = dict(up_tile, DOT_PREC=prec)
         down = dict(down_tile, DOT_PREC=prec)
-    else:  # simt: no tensor cores, so no dot precision
-        up, down = up_tile, down_tile
+    else:  # simt: no tensor cores, so no dot precision; its loops' pipelining depth
+        up = dict(up_tile, STAGES=record["num_stages"])
+        down = dict(down_tile, STAGES=record["down_num_stages"])
     return {"up": (f"_{kind}_up", up), "down": (f"_{kind}_down", down)}

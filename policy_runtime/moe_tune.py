@@ -44,6 +44,7 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
         down_block_n=record["down_block_size_n"],
         down_block_k=record["down_block_size_k"],
         down_num_warps=record["down_num_warps"],
+        down_num_stages=record["down_num_stages"],
         chained=record["chained"],
     )
 

@@ -26,28 +26,32 @@ KERNEL_FIELDS = (
     "down_block_size_n",
     "down_block_size_k",
     "down_num_warps",
+    "down_num_stages",
     "chained",
 )
 
 
 def _down_differs(c: dict[str, Any]) -> bool:
-    return (c["down_block_size_n"], c["down_block_size_k"], c["down_num_warps"]) != (
+    return (c["down_block_size_n"], c["down_block_size_k"], c["down_num_warps"], c["down_num_stages"]) != (
         c["block_size_n"],
         c["block_size_k"],
         c["num_warps"],
+        c["num_stages"],
     )
 
 
 def kernel_name(tag: str, c: dict[str, Any]) -> str:
     """``_moe_16bit_grouped_16x64x64_g1_w4_s3_sum``: the kernels' constants, spelt out (the up and
     down kernels add ``_up`` and ``_down``); a down GEMM with its own tile adds
-    ``_down4x128_w4``, chained launches ``_pdl``."""
+    ``_down4x128_w4`` (and ``_s2`` where its pipelining depth is its own), chained launches ``_pdl``."""
     name = f"_moe_{tag}_{c['kernel']}_{c['block_size_m']}x{c['block_size_n']}x{c['block_size_k']}"
     name += f"_g{c['group_size_m']}_w{c['num_warps']}_s{c['num_stages']}"
     if c["fuse_sum"]:
         name += "_sum"
     if _down_differs(c):
         name += f"_down{c['down_block_size_n']}x{c['down_block_size_k']}_w{c['down_num_warps']}"
+        if c["down_num_stages"] != c["num_stages"]:
+            name += f"_s{c['down_num_stages']}"
     if c["chained"]:
         name += "_pdl"
     return name
@@ -76,6 +80,8 @@ def kernel_summary(c: dict[str, Any]) -> str:
         parts.append(f"down GEMM {c['down_block_size_n']}x{c['down_block_size_k']} tiles")
     if c["down_num_warps"] != c["num_warps"]:
         parts.append(f"{c['down_num_warps']} warps in the down GEMM")
+    if c["down_num_stages"] != c["num_stages"]:
+        parts.append(f"{c['down_num_stages']} stage{'s' if c['down_num_stages'] > 1 else ''} in the down GEMM")
     if c["chained"]:
         parts.append("chained by programmatic dependent launch")
     if c["kernel"] == "grouped":

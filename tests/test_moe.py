@@ -602,7 +602,8 @@ def test_every_target_has_a_policy_for_both_dtype_classes():
 def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
     """moe_launch's checks run on every instantiation at build: more stages than the H200's shared
     memory holds, a gemv bucket told not to sum in its down kernel or to chain its launches, or a
-    simt bucket given pipeline stages or a down chunk too large for the registers, fail the build
+    simt bucket given more stages than shared memory holds or a down chunk too large for the
+    registers, fail the build
     (exit 2, nothing written) with the file, the policy and the figures."""
     for needed in ("jinja2", "pydantic", "black"):  # the compiler's (a GPU box may run kernels only)
         pytest.importorskip(needed)
@@ -615,7 +616,7 @@ def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
     gemv = text.index('name = "decode"\nt_max = 4\nkernel = "gemv"')
     text = text[:gemv] + text[gemv:].replace('kernel = "gemv"', 'kernel = "gemv"\nfuse_sum = false\nchained = true', 1)
     simt = text.index('name = "decode_one"\nnote = "One token, up to 512')
-    text = text[:simt] + text[simt:].replace("num_stages = 1", "num_stages = 3", 1)
+    text = text[:simt] + text[simt:].replace("num_stages = 3", "num_stages = 16", 1)
     text = text[:simt] + text[simt:].replace("down_block_size_n = 4", "down_block_size_n = 16", 1)
     spec.write_text(text)
     before = snapshot(project / "generated")
@@ -629,12 +630,14 @@ def test_the_build_rejects_moe_tiles_a_target_cannot_hold(project):
     assert (
         "fails check 'the gemv down kernel sums a token's experts itself'" in result.err and "nvidia>=80" in result.err
     )
+    # 15 ring steps of two 8 x 512 slabs and the row, 2 B each; the down ring: one step of 16
+    # experts' 17 x 256 chunks.
     assert (
-        "a simt record needs block_size_m 1, fuse_sum, num_stages 1" in result.err
-        and "got 8x512, 3 stage(s)" in result.err
+        "16 stages of the up GEMM's two 8x512 slabs need 261,120 B of shared memory per block, 2 of the down"
+        " GEMM's 16x256 chunks of up to 16 experts 139,264 B; h200 allows 232,448 B" in result.err
     )
-    # 16 rows x 128 columns of each expert over 4 warps: 16 weights a thread, twice the limit.
-    assert "the simt down GEMM's 16x128 chunk of each expert's rows takes 16 weights a thread at 4 warps" in result.err
+    # 16 rows x 256 columns of each expert over 8 warps: 16 weights a thread, twice the limit.
+    assert "the simt down GEMM's 16x256 chunk of each expert's rows takes 16 weights a thread at 8 warps" in result.err
     assert "chained (programmatic dependent launch) is built for the simt kernels" in result.err
     assert "got kernel gemv on a100" in result.err
     assert "specs/kernels/moe.toml" in result.err and "nvidia>=90" in result.err

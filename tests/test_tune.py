@@ -416,11 +416,24 @@ def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
     for T in (1, 5):
         problem = HARNESS.problem({"t": T, "i": 32}, torch.float16, "cpu", params)
         simt = dict(gemv, kernel="simt", block_size_n=8, block_size_k=64, fuse_sum=True, num_stages=1)
-        simt_down = dict(down_block_size_n=4, down_block_size_k=16, down_num_warps=2, chained=True)
-        for record in (dict(gemv, fuse_sum=True), dict(grouped, fuse_sum=True), dict(grouped, fuse_sum=False), simt):
-            down = simt_down if record is simt else dict(chained=False)
+        simt_down = dict(down_block_size_n=4, down_block_size_k=16, down_num_warps=2, down_num_stages=1, chained=True)
+        # simt with its loops staged (the up GEMM 3 deep, the down GEMM 2 deep: their tl.range path).
+        staged = dict(simt, num_stages=3)
+        for record in (
+            dict(gemv, fuse_sum=True),
+            dict(grouped, fuse_sum=True),
+            dict(grouped, fuse_sum=False),
+            simt,
+            staged,
+        ):
+            down = dict(chained=False)
+            if record["kernel"] == "simt":
+                down = dict(simt_down, down_num_stages=2 if record is staged else 1)
             down = {"down_block_size_n": record["block_size_n"], "down_block_size_k": record["block_size_k"], **down}
-            out = problem.kernel({"num_stages": 2, **record, "num_warps": 4, "down_num_warps": 4, **down})()
+            stages = record.get("num_stages", 2)
+            out = problem.kernel(
+                {"num_stages": 2, "down_num_stages": stages, **record, "num_warps": 4, "down_num_warps": 4, **down}
+            )()
             assert problem.error(out) < 2e-3, (T, record)
 
 
@@ -508,7 +521,7 @@ def test_the_tune_harnesses_launch_the_body_and_constants_the_generated_wrappers
             kernel=v.kind, block_size_m=v.block_m, block_size_n=v.block_n, block_size_k=v.block_k,
             group_size_m=v.group_m, num_warps=v.num_warps, num_stages=v.num_stages, fuse_sum=v.fuse_sum,
             down_block_size_n=v.down_block_n, down_block_size_k=v.down_block_k, down_num_warps=v.down_num_warps,
-            chained=v.chained,
+            down_num_stages=v.down_num_stages, chained=v.chained,
         )  # fmt: skip
         tuned = moe_tune.variant(record, dtype_bytes)
         for part in ("up", "down"):
