@@ -89,6 +89,10 @@ d=128 with 8 KV heads (32 query heads) and d=256 with 4 (16), batch 8 at 8k and 
            read its ids; the down kernel as now, its first program zeroing the flag after its wait.
 --phase 28 MoE decode, T = 1: the up and down loops software-pipelined (tl.range's num_stages: every
            load staged through shared memory by cp.async), over up slabs and down chunks and stages.
+--phase 29 MoE decode, T = 1 and 4: the unstaged up loop as it was (pointers carried and advanced, a
+           plain range) against the production body at STAGES 1 (base + k0 in a tl.range).
+--phase 30 MoE decode, T = 1: the down kernel's unstaged loop with base + k0 addresses, and the production
+           bodies at 1-3 stages, over up slabs and down chunks.
 
     python3 bench/explore_decode.py --phase N [--only attention|moe] [--quick]
 """
@@ -147,11 +151,15 @@ AP.add_argument(
     "programs at T = 1; 25: the down kernel waits on a counter of finished up programs, not on the up grid; "
     "26: the timer's own cost (events around nothing, a torch kernel, an empty Triton kernel) and its samples; "
     "27: one token routed by the up launch's first program, the others waiting on its flag; "
-    "28: the simt loops software-pipelined (cp.async stages) over slabs, chunks and stages",
+    "28: the simt loops software-pipelined (cp.async stages) over slabs, chunks and stages; "
+    "29: the unstaged up loop, pointers carried or base + k0; "
+    "30: the down loop as base + k0 too, and every depth over slabs and chunks",
 )
 ARGS = AP.parse_args()
 DEV, DT, HW = "cuda", torch.bfloat16, ARGS.hw
 RES: dict = {
+    "moe30": [],
+    "moe29": [],
     "moe28": [],
     "moe27": [],
     "moe26": [],
@@ -3667,66 +3675,194 @@ def moe_case27(shape, T):
 
 
 # Up slabs (rows, K step in elements, warps), stages; down chunks (rows, K step, warps), stages (0: the
-# production body).
+# body at STAGES 1; phase 28's down prototype at 1, its first chunk peeled and no chunk loaded ahead by
+# hand, is no longer a form of the production body, which this phase now runs at STAGES 1 there too).
 UP28 = [(bn, bk, w) for bn in (4, 8, 16) for bk in (256, 512) for w in (2, 4)]
 DOWN28 = [(4, 128, 4), (4, 256, 8), (8, 256, 8), (2, 256, 4), (8, 128, 4)]
 
 
+def staged_layer(c, up, up_st, down, down_form, regs):
+    """The chained T-token layer (production router) with the production up body on ``up``'s tiles at
+    STAGES ``up_st`` (0 runs as 1) and the down GEMM on ``down``'s: the production body at STAGES
+    ``down_form`` (an int; 0 runs as 1), or ``down_form`` itself (a prototype with _simt_down's
+    launch signature and no STAGES).  Each compiled kernel's registers, spills and shared bytes
+    land in ``regs``."""
+    x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
+    (bn, bk, w), (dbn, dbk, dw) = up, down
+    assert H % bk == 0 and inter % dbk == 0, "whole K steps only"
+    warps = min(4, max(1, c.e_block // 128))  # topk_softmax's own choice for a decode token
+    staged = isinstance(down_form, int)
+
+    def run():
+        hh = torch.empty(numel, inter, device=DEV, dtype=DT)
+        M._topk_softmax_kernel[(c.T,)](c.logits, wf, idf, c.T, c.E, k, c.logits.stride(0), c.logits.stride(1),
+                                       RENORMALIZE=True, BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=True,
+                                       num_warps=warps)  # fmt: skip
+        ku = M._simt_up[(numel, triton.cdiv(inter, bn))](
+            x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+            EVEN_K=True, BLOCK_N=bn, BLOCK_K=bk, STAGES=max(up_st, 1), PDL=True, num_warps=w, num_stages=1,
+            launch_pdl=True)  # fmt: skip
+        kern = M._simt_down if staged else down_form
+        kd = kern[(c.T, triton.cdiv(H, dbn))](
+            hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=dbn,
+            BLOCK_K=dbk, KB=kb, PDL=True, num_warps=dw, num_stages=1, launch_pdl=True,
+            **({"STAGES": max(down_form, 1)} if staged else {}))  # fmt: skip
+        down_name = f"s{down_form}" if staged else down_form.__name__
+        for name, kern in ((f"up {up} s{up_st}", ku), (f"down {down} {down_name}", kd)):
+            if kern is not None and hasattr(kern, "n_regs"):
+                regs[name] = [kern.n_regs, kern.n_spills, kern.metadata.shared]
+
+    return run
+
+
+def stage_sweep(key, shape, T, ups, downs):
+    """Stage A: ``ups`` ((tiles, stages) pairs) against the record's down kernel; stage B: the two
+    best and the record's up kernel against ``downs`` ((tiles, form) pairs, forms as staged_layer
+    takes them); then the leaders in 9 rounds and as graphs."""
+    c = moe_setup(shape, T)
+    v = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
+    cur_up, cur_st = (v.block_n, v.block_k, v.num_warps), v.num_stages
+    cur_down = ((v.down_block_n, v.down_block_k, v.down_num_warps), v.down_num_stages)
+    regs = {}
+
+    def name(up, up_st, down, form):
+        return f"up {up} s{up_st} down {down} {f's{form}' if isinstance(form, int) else form.__name__}"
+
+    runs = {"current": current_layer(c)}
+    ups = list(dict.fromkeys([(cur_up, cur_st)] + ups))
+    for up, st in ups:
+        runs[name(up, st, *cur_down)] = staged_layer(c, up, st, *cur_down, regs)
+    good = checked_runs(key, c, runs)
+    ranked = timed_rounds(key, c, good, 5)
+    best = [next((u, st) for u, st in ups if name(u, st, *cur_down) == n) for n in ranked if n != "current"][:2]
+    runs_b = {"current": runs["current"]}
+    for up, st in dict.fromkeys(best + [(cur_up, cur_st)]):
+        for down, form in dict.fromkeys([cur_down] + downs):
+            runs_b[name(up, st, down, form)] = staged_layer(c, up, st, down, form, regs)
+    good_b = checked_runs(key, c, runs_b)
+    ranked_b = timed_rounds(key, c, good_b, 5, suffix=" [B]")
+    leaders(key, c, good_b, ranked_b, runs["current"], rounds=9, n=6)
+    log(f"  {c.name} registers, spills, shared bytes: {regs}")
+    RES[key].append({"case": c.name, "registers_spills_shared": regs})
+    save()
+
+
 def moe_case28(shape, T):
+    ups = [(u, st) for u in UP28 for st in (2, 3)] + [((8, 512, 4), st) for st in (0, 2, 3, 4)]
+    stage_sweep("moe28", shape, T, ups, [(d, s) for d in DOWN28 for s in (1, 2, 3)])
+
+
+# Phase 29: the unstaged up loop's two forms.  Phase 28's adoption rewrote _simt_up's loop for every
+# record: addresses as base + k0 in a tl.range, where the loop before carried its pointers and
+# advanced them (a plain range).  _up_carried is the body before (ACT 0, whole K steps, chained);
+# against the production body at STAGES 1, each bucket's own tiles, in the chained layer, T = 1 and 4.
+
+
+@triton.jit
+def _up_carried(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, sxm, sxk, swe, swn, swk, shm, shn, BN: tl.constexpr,
+                BK: tl.constexpr):  # fmt: skip
+    gdc_wait()
+    gdc_launch_dependents()
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BK)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * sxm + offs_k * sxk
+    g_ptrs = w_ptr + expert * swe + cols[:, None] * swn + offs_k[None, :] * swk
+    u_ptrs = g_ptrs + N * swn
+    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs).to(tl.float32)[None, :]
+        acc_g += tl.load(g_ptrs).to(tl.float32) * a
+        acc_u += tl.load(u_ptrs).to(tl.float32) * a
+        a_ptrs += BK * sxk
+        g_ptrs += BK * swk
+        u_ptrs += BK * swk
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(h_ptr + r.to(tl.int64) * shm + offs_n * shn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def moe_case29(shape, T):
     c = moe_setup(shape, T)
     x, w1, w2, out, wf, idf, H, inter, k, numel, kb = c.names
     v = c.G.select(T, c.inter, dtype=DT, hw=HW, device=DEV).variant
     warps = min(4, max(1, c.e_block // 128))  # topk_softmax's own choice for a decode token
-    cur_up = (v.block_n, v.block_k, v.num_warps)
-    cur_down = (v.down_block_n, v.down_block_k, v.down_num_warps)
-    regs = {}
+    assert H % v.block_k == 0, "phase 29 runs whole K steps only"
 
-    def layer(up, up_st, down, down_st):
-        (bn, bk, w), (dbn, dbk, dw) = up, down
-        assert H % bk == 0 and inter % dbk == 0, "phase 28 runs whole K steps only"
-
+    def layer(carried):
         def run():
             hh = torch.empty(numel, inter, device=DEV, dtype=DT)
             M._topk_softmax_kernel[(T,)](c.logits, wf, idf, T, c.E, k, c.logits.stride(0), c.logits.stride(1),
                                          RENORMALIZE=True, BLOCK_T=1, E_BLOCK=c.e_block, K_BLOCK=kb, TRIGGER=True,
                                          num_warps=warps)  # fmt: skip
-            ku = M._simt_up[(numel, triton.cdiv(inter, bn))](
-                x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
-                EVEN_K=True, BLOCK_N=bn, BLOCK_K=bk, STAGES=max(up_st, 1), PDL=True, num_warps=w, num_stages=1,
-                launch_pdl=True)  # fmt: skip
-            kd = M._simt_down[(T, triton.cdiv(H, dbn))](
-                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=dbn,
-                BLOCK_K=dbk, STAGES=max(down_st, 1), KB=kb, PDL=True, num_warps=dw, num_stages=1,
-                launch_pdl=True)  # fmt: skip
-            for part, kern, st in (("up", ku, up_st), ("down", kd, down_st)):
-                if kern is not None and hasattr(kern, "n_regs"):
-                    regs[f"{part} {up if part == 'up' else down} s{st}"] = [kern.n_regs, kern.n_spills,
-                                                                             kern.metadata.shared]  # fmt: skip
+            grid = (numel, triton.cdiv(inter, v.block_n))
+            if carried:
+                _up_carried[grid](
+                    x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), BN=v.block_n,
+                    BK=v.block_k, num_warps=v.num_warps, num_stages=1, launch_pdl=True)  # fmt: skip
+            else:
+                M._simt_up[grid](
+                    x, w1, hh, idf, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *hh.stride(), ACT=0,
+                    EVEN_K=True, BLOCK_N=v.block_n, BLOCK_K=v.block_k, PDL=True, STAGES=1, num_warps=v.num_warps,
+                    num_stages=1, launch_pdl=True)  # fmt: skip
+            M._simt_down[(T, triton.cdiv(H, v.down_block_n))](
+                hh, w2, out, wf, idf, H, inter, k, *hh.stride(), *w2.stride(), *out.stride(), BLOCK_N=v.down_block_n,
+                BLOCK_K=v.down_block_k, KB=kb, PDL=True, STAGES=v.down_num_stages, num_warps=v.down_num_warps,
+                num_stages=1, launch_pdl=True)  # fmt: skip
 
         return run
 
-    def name(up, up_st, down, down_st):
-        return f"up {up} s{up_st} down {down} s{down_st}"
-
-    # Stage A: up slabs and stages, against the record's down kernel.
-    runs = {"current": current_layer(c)}
-    ups = [(cur_up, st) for st in (0, 2, 3, 4)] + [(u, st) for u in UP28 for st in (2, 3) if u != cur_up]
-    for up, st in ups:
-        runs[name(up, st, cur_down, 0)] = layer(up, st, cur_down, 0)
-    good = checked_runs("moe28", c, runs)
-    ranked = timed_rounds("moe28", c, good, 5)
-    best_ups = [next((u, st) for u, st in ups if name(u, st, cur_down, 0) == n) for n in ranked if n != "current"][:2]
-    # Stage B: the two best up kernels and the record's, against down chunks and stages.
-    runs_b = {"current": runs["current"]}
-    for up, st in dict.fromkeys(best_ups + [(cur_up, 0)]):
-        for down, dst in [(cur_down, 0)] + [(d, s) for d in DOWN28 for s in (1, 2, 3)]:
-            runs_b[name(up, st, down, dst)] = layer(up, st, down, dst)
-    good_b = checked_runs("moe28", c, runs_b)
-    ranked_b = timed_rounds("moe28", c, good_b, 5, suffix=" [B]")
-    leaders("moe28", c, good_b, ranked_b, runs["current"], rounds=9, n=6)
-    log(f"  {c.name} registers, spills, shared bytes: {regs}")
-    RES["moe28"].append({"case": c.name, "registers_spills_shared": regs})
+    runs = {"current": current_layer(c), "up at STAGES 1 (base + k0)": layer(False), "up carried": layer(True)}
+    good = checked_runs("moe29", c, runs)
+    timed_with_graphs("moe29", c, good, 9)
     save()
+
+
+# Phase 30: after phase 29 (the up loop's addresses as base + k0 beat carried pointers by 3-4 us),
+# the down kernel's unstaged loop in that form too: _down_k0 is _simt_down at STAGES 1 (the next
+# chunk loaded into registers before this one is used) with base + k0 addresses, whole K steps.
+# With the production bodies at every depth, over up slabs and down chunks, T = 1.
+
+
+@triton.jit
+def _down_k0(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, shm, shk, swe, swn, swk, som, son,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + experts[:, None, None] * swe + rows[None, :, None] * swn + offs_k[None, None, :] * swk
+    w_ok = slot_ok[:, None, None]
+    b = tl.load(w_ptrs, mask=w_ok, other=0.0)
+    gdc_wait()
+    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * shm + offs_k[None, :] * shk
+    acc = tl.zeros((KB, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs + k0 * shk, mask=slot_ok[:, None], other=0.0)
+        b_next = tl.load(w_ptrs + (k0 + BLOCK_K) * swk, mask=w_ok & (k0 + BLOCK_K < K), other=0.0)
+        acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+        b = b_next
+    o = tl.sum(acc * weight[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * som + offs_n * son, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+UP30 = [(8, 256, 4), (4, 256, 2), (4, 256, 4), (8, 512, 4), (16, 256, 4), (8, 128, 2), (4, 512, 2)]
+DOWN30 = [(4, 256, 8), (2, 256, 4), (8, 256, 8), (4, 128, 4), (2, 128, 2)]
+
+
+def moe_case30(shape, T):
+    ups = [(u, st) for u in UP30 for st in (1, 2, 3)]
+    downs = [(d, form) for d in DOWN30 for form in (1, 2, 3, _down_k0)]
+    stage_sweep("moe30", shape, T, ups, downs)
 
 
 def main():
@@ -3769,6 +3905,8 @@ def main():
         26: (None, moe_case26),
         27: (None, moe_case27),
         28: (None, moe_case28),
+        29: (None, moe_case29),
+        30: (None, moe_case30),
     }[ARGS.phase]
     cases = ATT_CASES
     if ARGS.phase == 7:
@@ -3794,7 +3932,7 @@ def main():
     if moe is not None and ARGS.only in (None, "moe"):
         ts = {5: (1, 4, 16), 8: (1, 4, 16), 23: (1, 2, 4)}.get(ARGS.phase, (1, 4))
         jobs += [(moe, (s, T)) for s in MOE_SHAPES for T in ts]
-        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28):
+        if ARGS.phase in (17, 18, 19, 20, 21, 22, 24, 25, 26, 27, 28, 30):
             jobs = [j for j in jobs if j[1][1] == 1]
         if ARGS.phase in (16, 17, 18, 19, 20, 21, 22) and ARGS.quick:
             jobs = jobs[:1]

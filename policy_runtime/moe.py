@@ -272,7 +272,10 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     # registers, one step in flight; STAGES > 1: tl.range has Triton stage every load of the loop
     # through shared memory by cp.async, STAGES - 1 steps ahead (on an H200 at one token, qwen36's
     # 8 x 512 slabs at 3 stages with the down kernel at 2: 28.9 against 30.2 us,
-    # bench/results/h200_explore_decode28.*).
+    # bench/results/h200_explore_decode28.*).  Addresses are base + k0, not pointers carried and
+    # advanced through the loop: unstaged on 256-element slab rows (the records that run so), 3-4 us
+    # less per layer at T = 1 and 4 on both shapes; on 512-element rows unstaged (no record) 1.8 us
+    # more (bench/results/h200_explore_decode29.*).
     # PDL (launched as a programmatic dependent launch): wait until the kernel before (the router)
     # has finished and its writes are visible, then let the down kernel launch; nothing is read
     # before the wait.
