@@ -206,3 +206,17 @@ def test_a_module_spec_may_not_take_a_built_in_name(tmp_path):
     result = run_cli("--root", str(root), "build")
     assert result.code == 2, result
     assert "specs/modules/dispatch.toml: <top level>: generated/dispatch.py is built in" in result.err
+
+
+def test_the_shipped_families_declare_every_record_field_their_context_files_read():
+    """A context file that reads a record field its module spec does not declare would fail with a
+    KeyError in the middle of a build when a spec tree lacks that field, not with a spec error
+    (exit 2, the file and the field) before anything is rendered."""
+    import tomllib
+
+    from templates import matmul_context, moe_context
+
+    for family, context in (("matmul", matmul_context), ("moe", moe_context)):
+        spec = tomllib.loads((REPO / "specs" / "modules" / f"{family}.toml").read_text())
+        declared = {field for read in spec["reads"].values() for field in read.get("fields", ())}
+        assert set(context.KERNEL_FIELDS) <= declared, (family, set(context.KERNEL_FIELDS) - declared)
