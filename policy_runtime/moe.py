@@ -552,7 +552,7 @@ class Variant:
             # up kernel.  Each launch returns at once; nothing syncs with the host.
             chain: dict[str, Any] = {}
             down_last: dict[str, Any] = {"EVEN_K": inter % self.down_block_k == 0}
-            if self.kind == "simt":
+            if simt:
                 pdl = self.chained and _launch._programmatic(x)
                 chain = dict(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
                 down_last = {"KB": _launch._pow2ceil(k)}
