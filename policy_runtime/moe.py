@@ -47,6 +47,7 @@ internals, not API.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -444,15 +445,27 @@ def _align_scatter(ids_ptr, counts_ptr, sorted_ptr, experts_ptr, post_pad_ptr, n
 @triton.jit(do_not_specialize=["T"])
 def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le,
                          RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr,
-                         K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
-    # BLOCK_T tokens per program: softmax over the E logits in fp32, then the k largest
-    # probabilities, the lowest expert index first among equals.  Each probability and its expert
-    # are one int64 key (the probability's bits above, which order as the probabilities do since
-    # none is negative; E_BLOCK - 1 - expert below), and Triton's bitonic top-k keeps the K_BLOCK
-    # largest keys in one pass: per thread, then a few merges across threads, each moving K_BLOCK
-    # keys at once.  (Before: k rounds of a row-wide argmax and a removal.  At one token on an H200
-    # the router took 5.5 against 5.9 us alone, and the chained layer 30.1 against 31.0 us
-    # (qwen36), 29.6 against 31.0 (128 experts x 768): bench/results/h200_explore_decode20.*.)
+                         K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr, bias_ptr=None, topk_group=1,
+                         group_size=1, scale=1.0, SIGMOID: tl.constexpr = False,
+                         HAS_BIAS: tl.constexpr = False, GROUPS: tl.constexpr = 1,
+                         SCALED: tl.constexpr = False):
+    # BLOCK_T tokens per program: the E scores in fp32 (softmax over the logits, or SIGMOID of
+    # each), non-finite scores set to 0 (vLLM's rule: CUDA-graph padding rows give NaN logits,
+    # and NaN weights crashed serving), then the k largest, the lowest expert index first among
+    # equals.  Each score and its expert are one int64 key (the score's bits above, mapped so
+    # that signed integer order is float order; E_BLOCK - 1 - expert below), and Triton's bitonic
+    # top-k keeps the K_BLOCK largest keys in one pass: per thread, then a few merges across
+    # threads, each moving K_BLOCK keys at once.  (Before: k rounds of a row-wide argmax and a
+    # removal.  At one token on an H200 the router took 5.5 against 5.9 us alone, and the chained
+    # layer 30.1 against 31.0 us (qwen36), 29.6 against 31.0 (128 experts x 768):
+    # bench/results/h200_explore_decode20.*.)
+    # DeepSeek-V3's routing (vLLM's grouped_topk), each part a constexpr that compiles to nothing
+    # when off: HAS_BIAS adds bias[e] to the scores that choose (groups and experts), while the
+    # weights are the unbiased scores; GROUPS > 1 splits the experts into GROUPS groups of
+    # group_size, scores each group (its largest score; with a bias, the sum of its two largest
+    # biased scores), keeps the topk_group best groups (the lowest index first among equals) and
+    # chooses the k experts among theirs; SCALED multiplies the weights by scale (vLLM's
+    # routed_scaling_factor) after any renormalization.
     # TRIGGER (Hopper and later): a kernel launched after this one as a programmatic dependent
     # launch (fused_moe's chained up GEMM) may start now; it waits on the device for this kernel to
     # finish before it reads.
@@ -462,25 +475,69 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
     ex = tl.arange(0, E_BLOCK)
     in_t = rows < T
     in_e = ex < E
-    x = tl.load(
-        logits_ptr + rows.to(tl.int64)[:, None] * stride_lt + ex[None, :] * stride_le,
-        mask=in_t[:, None] & in_e[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    x = tl.where(in_e[None, :], x, float("-inf"))
-    p = tl.exp(x - tl.max(x, axis=1)[:, None])
-    p = p / tl.sum(p, axis=1)[:, None]
-    p = tl.where(in_e[None, :], p, -2.0)  # padding columns: negative keys, never picked
-    keys = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
+    row_ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_lt
+    x = tl.load(row_ptrs + ex[None, :] * stride_le, mask=in_t[:, None] & in_e[None, :], other=0.0).to(tl.float32)
+    if SIGMOID:
+        p = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        x = tl.where(in_e[None, :], x, float("-inf"))
+        row_max = tl.max(x, axis=1)
+        p = tl.exp(x - row_max[:, None])
+        row_sum = tl.sum(p, axis=1)
+        p = p / row_sum[:, None]
+    p = tl.where(tl.abs(p) < float("inf"), p, 0.0)  # NaN and +-Inf -> 0
+    choose = p
+    if HAS_BIAS:
+        choose = p + tl.load(bias_ptr + ex, mask=in_e, other=0.0).to(tl.float32)[None, :]
+    choose = tl.where(in_e[None, :], choose, float("-inf"))  # padding columns never picked
+    if GROUPS > 1:
+        grp = ex // group_size
+        gi = tl.arange(0, GROUPS)
+        gscore = tl.zeros((BLOCK_T, GROUPS), dtype=tl.float32)
+        for g in tl.static_range(GROUPS):
+            mine = (grp == g)[None, :]
+            s = tl.where(mine, choose, float("-inf"))
+            best = tl.max(s, axis=1)
+            if HAS_BIAS:
+                # The second largest: the largest once the first (lowest index) of the best is out.
+                first = tl.min(tl.where(s == best[:, None], ex[None, :], E_BLOCK), axis=1)
+                best += tl.max(tl.where(ex[None, :] == first[:, None], float("-inf"), s), axis=1)
+            gscore = tl.where(gi[None, :] == g, best[:, None], gscore)
+        # A group is kept when fewer than topk_group groups rank above it.
+        a = gscore[:, :, None]
+        b = gscore[:, None, :]
+        above = (b > a) | ((b == a) & (gi[None, None, :] < gi[None, :, None]))
+        kept = tl.sum(above.to(tl.int32), axis=2) < topk_group
+        allowed = tl.zeros((BLOCK_T, E_BLOCK), dtype=tl.int1)
+        for g in tl.static_range(GROUPS):
+            kept_g = tl.sum(tl.where(gi[None, :] == g, kept.to(tl.int32), 0), axis=1) > 0
+            allowed = allowed | ((grp == g)[None, :] & kept_g[:, None])
+        choose = tl.where(allowed, choose, float("-inf"))
+    bits = choose.to(tl.int32, bitcast=True)
+    bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed integer order = float order
+    keys = (bits.to(tl.int64) << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
     if K_BLOCK == 1:
         top = tl.max(keys, axis=1, keep_dims=True)  # Triton 3.6's tl.topk fails to compile at k = 1
     else:
         top = tl.topk(keys, K_BLOCK, dim=1)  # [BLOCK_T, K_BLOCK], largest first
     idx = (E_BLOCK - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
-    vals = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     kk = tl.arange(0, K_BLOCK)
+    if HAS_BIAS:
+        # The weights are the unbiased scores of the chosen experts, computed again as above.
+        xk = tl.load(row_ptrs + idx * stride_le, mask=in_t[:, None] & (kk < k)[None, :], other=0.0).to(tl.float32)
+        if SIGMOID:
+            vals = 1.0 / (1.0 + tl.exp(-xk))
+        else:
+            vals = tl.exp(xk - row_max[:, None]) / row_sum[:, None]
+        vals = tl.where(tl.abs(vals) < float("inf"), vals, 0.0)
+    else:
+        vbits = (top >> 32).to(tl.int32)
+        vals = (vbits ^ ((vbits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
     if RENORMALIZE:
-        vals = vals / tl.sum(tl.where(kk[None, :] < k, vals, 0.0), axis=1)[:, None]
+        total = tl.sum(tl.where(kk[None, :] < k, vals, 0.0), axis=1)
+        vals = vals / tl.where(total > 0, total, 1.0)[:, None]  # all-zero (non-finite) rows stay 0
+    if SCALED:
+        vals = vals * scale
     offs = rows.to(tl.int64)[:, None] * k + kk[None, :]
     mask = in_t[:, None] & (kk < k)[None, :]
     tl.store(weights_ptr + offs, vals, mask=mask)
@@ -767,7 +824,41 @@ def moe_align_block_size(topk_ids: Any, block_size_m: Any, num_experts: Any) -> 
 
 def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's topk_softmax; generated/moe.py's docstring says what it returns."""
-    op = "topk_softmax"
+    return _route("topk_softmax", gating_logits, k, renormalize, "softmax", None, 1, 1, 1.0)
+
+
+# Router scorings, as vLLM's grouped_topk names them.
+_SCORINGS = ("softmax", "sigmoid")
+
+
+def grouped_topk(
+    gating_logits: Any,
+    k: Any,
+    renormalize: Any,
+    *,
+    scoring_func: Any = "softmax",
+    e_score_correction_bias: Any = None,
+    num_expert_group: Any = 1,
+    topk_group: Any = 1,
+    routed_scaling_factor: Any = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's grouped_topk (DeepSeek-V3's routing); generated/moe.py's docstring says what it returns."""
+    return _route(
+        "grouped_topk", gating_logits, k, renormalize, scoring_func, e_score_correction_bias,
+        num_expert_group, topk_group, routed_scaling_factor,
+    )  # fmt: skip
+
+
+def _positive_int(op: str, name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        _fail(op, f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def _route(
+    op: str, gating_logits: Any, k: Any, renormalize: Any, scoring: Any, bias: Any, groups: Any, topk_group: Any,
+    scale: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
     x = _tensor(op, "gating_logits", gating_logits, 2)
     if not x.is_floating_point():
         _fail(op, f"gating_logits must be a float tensor, got {x.dtype}")
@@ -777,6 +868,25 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
         _fail(op, f"k must be an int from 1 to the {E} experts, got {k!r}")
     if not isinstance(renormalize, bool):
         _fail(op, f"renormalize must be a bool, got {renormalize!r}")
+    if scoring not in _SCORINGS:
+        _fail(op, f"scoring_func must be one of {list(_SCORINGS)}, got {scoring!r}")
+    groups = _positive_int(op, "num_expert_group", groups)
+    topk_group = _positive_int(op, "topk_group", topk_group)
+    if E % groups or groups & (groups - 1):
+        _fail(op, f"num_expert_group must be a power of two dividing the {E} experts, got {groups}")
+    if topk_group > groups:
+        _fail(op, f"topk_group must be at most num_expert_group {groups}, got {topk_group}")
+    if k > topk_group * (E // groups):
+        _fail(op, f"k {k} is more than the {topk_group * (E // groups)} experts of topk_group {topk_group} groups")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        _fail(op, f"routed_scaling_factor must be a finite number, got {scale!r}")
+    if bias is not None:
+        bias = _tensor(op, "e_score_correction_bias", bias, 1)
+        if bias.shape[0] != E or not bias.is_floating_point():
+            _fail(op, f"e_score_correction_bias must be a float tensor of shape ({E},), got {bias.dtype} {tuple(bias.shape)}")
+        _same_device(op, "e_score_correction_bias", bias, x, "gating_logits")
+        if E > 1 and bias.stride(0) != 1:
+            bias = bias.contiguous()
     _runnable(op, "gating_logits", x)
     weights = torch.empty((T, k), dtype=torch.float32, device=x.device)
     ids = torch.empty((T, k), dtype=torch.int32, device=x.device)
@@ -793,6 +903,16 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
     small = T <= _TOPK_ONE_ROW_MAX_T
     block_t = 1 if small else max(1, min(64, 4096 // e_block))
     warps = min(4, max(1, e_block // 128)) if small else 4
+    # The DeepSeek-V3 parts only where asked: the plain softmax router launches as it always did.
+    extra: dict[str, Any] = {}
+    if scoring == "sigmoid":
+        extra["SIGMOID"] = True
+    if bias is not None:
+        extra.update(bias_ptr=bias, HAS_BIAS=True)
+    if groups > 1:
+        extra.update(topk_group=topk_group, group_size=E // groups, GROUPS=groups)
+    if scale != 1.0:
+        extra.update(scale=float(scale), SCALED=True)
     if _launch._FIRST_LAUNCH:
         _launch._ready_triton()
     with _guarded(x):
@@ -800,7 +920,7 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
             _topk_softmax_kernel, (triton.cdiv(T, block_t),),
             x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
             BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k),
-            TRIGGER=_launch._programmatic(x), num_warps=warps,
+            TRIGGER=_launch._programmatic(x), num_warps=warps, **extra,
         )  # fmt: skip
     return weights, ids
 
