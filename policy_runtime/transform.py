@@ -18,6 +18,7 @@ TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable, Mapping
 
@@ -72,6 +73,7 @@ class TransformKernels:
         self.target_name = target_name
         self._rms_plans: dict = {}
         self._silu_plans: dict = {}
+        self._act_plans: dict = {}
         self._rope_plans: dict = {}
 
     def rms_norm(self, x, weight, eps, *, residual=None, hw=None):
@@ -137,6 +139,34 @@ class TransformKernels:
                 cfg = self.launch["silu_and_mul"][target]
                 plan = _remember(self._silu_plans, key, _plan_silu_and_mul(n_rows, d, x.element_size(), cfg))
             _run(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info))
+        return out
+
+    def act_and_mul(self, op, x, *, alpha=1.702, limit=7.0, hw=None):
+        """gelu_tanh_and_mul, swigluoai_and_mul or mul_and_silu (``op``): x [..., 2d] -> a new
+        [..., d] tensor; one kernel, the activation a constexpr (``_ACTS``), on silu_and_mul's
+        launch records (the same bytes a program)."""
+        act = _ACTS[op]
+        _check_float(op, "x", x)
+        if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % 2:
+            raise ValueError(f"{op}: last dim of x {tuple(x.shape)} must be even and > 0")
+        if act == _ACTS["swigluoai_and_mul"]:
+            for name, v in (("alpha", alpha), ("limit", limit)):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise ValueError(f"{op}: {name} must be a finite number, got {v!r}")
+        two_d = x.shape[-1]
+        d = two_d // 2
+        xs = _row_stride(op, "x", x, two_d)
+        _check_runnable(op, "x", x)
+        target = self.target_name(hw, x.device)
+        out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+        n_rows = x.numel() // two_d
+        if n_rows:
+            key = (target, n_rows, d, x.dtype, act)
+            plan = self._act_plans.get(key)
+            if plan is None:
+                cfg = self.launch["silu_and_mul"][target]
+                plan = _remember(self._act_plans, key, _plan_act_and_mul(n_rows, d, x.element_size(), act, cfg))
+            _run(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info, float(alpha), float(limit)))
         return out
 
     def rotary_embedding(self, positions, query, key, cos_sin_cache, head_size, is_neox, *, hw=None):
@@ -468,6 +498,69 @@ def _plan_silu_and_mul(n_rows: int, d: int, esize: int, cfg: Any) -> _Plan:
     ncb = _cdiv(d, bd)
     w = _fit_warps(br * bd, vec, cfg)
     return _Plan(_silu_and_mul_kernel, _cdiv(n_rows, br) * ncb, (br, bd), w, ncb)
+
+
+# ----------------------------------------------------------------------------------------------
+# Other gated activations (vLLM's): one kernel, the activation a constexpr
+
+# ACT of _act_and_mul_kernel per public function.
+_ACTS = {"gelu_tanh_and_mul": 0, "swigluoai_and_mul": 1, "mul_and_silu": 2}
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _act_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    n_rows,
+    d,
+    x_stride,
+    n_col_blocks,
+    alpha,
+    limit,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ACT: tl.constexpr,
+):
+    # _silu_and_mul_kernel's tiles.  ACT 0: gelu_tanh(x[:d]) * x[d:]; 1 (swigluoai, gpt-oss):
+    # pairs (gate, up) = (x[2i], x[2i + 1]), one contiguous load de-interleaved in registers,
+    # gate clamped above at limit, up to [-limit, limit], gate * sigmoid(alpha * gate) * (up + 1);
+    # 2: x[:d] * silu(x[d:]).
+    pid = tl.program_id(0)
+    pr = pid // n_col_blocks
+    pc = pid - pr * n_col_blocks
+    rows = (pr * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = pc * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    if ACT == 1:
+        j = pc * 2 * BLOCK_D + tl.arange(0, 2 * BLOCK_D)
+        pair = tl.load(
+            x_ptr + (rows * x_stride)[:, None] + j[None, :],
+            mask=(rows < n_rows)[:, None] & (j < 2 * d)[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        gate, up = tl.split(tl.reshape(pair, [BLOCK_R, BLOCK_D, 2]))
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        y = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+    else:
+        a_ptrs = x_ptr + (rows * x_stride)[:, None] + cols[None, :]
+        a = tl.load(a_ptrs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(a_ptrs + d, mask=mask, other=0.0).to(tl.float32)
+        if ACT == 0:
+            # 0.5 * (1 + tanh(z)) = sigmoid(2z): no cancellation near 0, exact limits in fp32.
+            z = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+            y = a / (1.0 + tl.exp(-2.0 * z)) * b
+        else:
+            y = a * (b / (1.0 + tl.exp(-b)))
+    out_ptrs = out_ptr + (rows * d)[:, None] + cols[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _plan_act_and_mul(n_rows: int, d: int, esize: int, act: int, cfg: Any) -> _Plan:
+    """silu_and_mul's plan for _act_and_mul_kernel: constexprs (BLOCK_R, BLOCK_D, ACT); info =
+    number of column blocks."""
+    p = _plan_silu_and_mul(n_rows, d, esize, cfg)
+    return _Plan(_act_and_mul_kernel, p.grid, (*p.consts, act), p.num_warps, p.info)
 
 
 # ----------------------------------------------------------------------------------------------
