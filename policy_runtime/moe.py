@@ -59,8 +59,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from . import launch as _launch
 from .lookup import PolicyTables
 
-# Activations of the up GEMM's gate half, as vLLM's fused_moe names them.
-_ACTIVATIONS = {"silu": 0, "gelu": 1}
+# Activations of the up GEMM's gate half, as vLLM's fused_moe names them (_act_and_mul's ACT).
+# swigluoai is gpt-oss's: alpha 1.702, limit 7, and its w1 interleaves gate and up rows (row 2n
+# is gate column n, row 2n + 1 up column n), as vLLM's swigluoai_and_mul reads its input.
+_ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Experts and top-k are held in one program's registers (padded to powers of two).
 _MAX_EXPERTS = 4096
@@ -77,7 +79,25 @@ _TOPK_ONE_ROW_MAX_T = 64
 
 
 # Helpers are written out in each body rather than called: in Triton's interpreter (the CPU
-# tests) every call of a jit function costs more than the arithmetic it saves.
+# tests) every call of a jit function costs more than the arithmetic it saves.  (The activation
+# epilogue is one call a program.)
+
+
+@triton.jit
+def _act_and_mul(gate, up, ACT: tl.constexpr):
+    # The up GEMM's epilogue, fp32 (vLLM's activations; _ACTIVATIONS numbers them).
+    if ACT == 0:
+        h = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
+    elif ACT == 1:
+        h = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up  # GELU (erf) * up
+    else:
+        # swigluoai (gpt-oss): gate clamped above at 7, up to [-7, 7];
+        # gate * sigmoid(1.702 * gate) * (up + 1).
+        gate = tl.minimum(gate, 7.0)
+        up = tl.minimum(tl.maximum(up, -7.0), 7.0)
+        h = gate / (1.0 + tl.exp(-1.702 * gate)) * (up + 1.0)
+    return h
+
 
 
 @triton.jit
@@ -103,8 +123,12 @@ def _grouped_up(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, nume
         cols = (offs_n % N).to(tl.int64)  # wrapped: every weight load is in bounds, stores masked
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = x_ptr + (tok // top_k).to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
-        g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
-        u_ptrs = g_ptrs + N * stride_wn
+        if ACT == 2:  # gpt-oss: gate and up rows interleaved
+            g_ptrs = w_ptr + expert * stride_we + (2 * cols)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+            u_ptrs = g_ptrs + stride_wn
+        else:
+            g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+            u_ptrs = g_ptrs + N * stride_wn
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
@@ -122,10 +146,7 @@ def _grouped_up(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, nume
             a_ptrs += BLOCK_K * stride_xk
             g_ptrs += BLOCK_K * stride_wk
             u_ptrs += BLOCK_K * stride_wk
-        if ACT == 0:
-            h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate) * up
-        else:
-            h = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476)) * acc_u  # GELU (erf)
+        h = _act_and_mul(acc_g, acc_u, ACT)
         h_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_n[None, :] * stride_hn
         tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
 
@@ -179,10 +200,13 @@ def _grouped_down(h_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, experts_ptr, p
 @triton.jit
 def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
              stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+             EP: tl.constexpr = False):
     # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1).
     # The row is the first of a 16-row tile (the others masked to zero) so that the weight tiles
     # feed tensor-core dots, which Triton pipelines num_stages deep: decode streams weights.
+    # EP (expert parallelism): a row whose id is -1 (an expert on another rank) loads nothing
+    # (its K loop is empty) and is not read by the down kernel.
     r = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = (offs_n % N).to(tl.int64)
@@ -190,12 +214,20 @@ def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     lane = tl.arange(0, 16)[:, None]
     first = lane == 0
     expert = tl.load(ids_ptr + r).to(tl.int64)
+    k_end = K
+    if EP:
+        k_end = tl.where(expert >= 0, K, 0)
+        expert = tl.maximum(expert, 0)
     a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + lane * 0 + offs_k[None, :] * stride_xk
-    g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
-    u_ptrs = g_ptrs + N * stride_wn
+    if ACT == 2:  # gpt-oss: gate and up rows interleaved
+        g_ptrs = w_ptr + expert * stride_we + (2 * cols)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        u_ptrs = g_ptrs + stride_wn
+    else:
+        g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, k_end, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=first, other=0.0)
             g = tl.load(g_ptrs)
@@ -210,10 +242,7 @@ def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
         a_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_wk
         u_ptrs += BLOCK_K * stride_wk
-    if ACT == 0:
-        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate) * up
-    else:
-        h = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476)) * acc_u  # GELU (erf)
+    h = _act_and_mul(acc_g, acc_u, ACT)
     h_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + offs_n[None, :] * stride_hn
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
 
@@ -221,7 +250,8 @@ def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
 @triton.jit
 def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
                stride_we, stride_wn, stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+               EP: tl.constexpr = False):
     # One token t per program (axis 0), BLOCK_N output columns (axis 1): the sum over its k
     # experts of weight * (h[t * k + j] @ w[e].T), in slot order, in one flat loop over (j, K);
     # the row padded to a 16-row tile as in _gemv_up, each step's product weighted in fp32.
@@ -246,14 +276,23 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
         expert_next = tl.load(ids_ptr + r_next).to(tl.int64)
         weight_next = tl.load(weights_ptr + r_next).to(tl.float32)
         a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + (k0 + offs_k)[None, :] * stride_hk
-        b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=first, other=0.0)
-            b = tl.load(b_ptrs)
-        else:
-            k_ok = offs_k < K - k0
+        if EP:
+            # A slot of another rank's expert (id -1): nothing loaded, its weight 0.
+            here = expert >= 0
+            b_ptrs = w_ptr + tl.maximum(expert, 0) * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
+            k_ok = offs_k < tl.where(here, K - k0, 0)
             a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            weight = tl.where(here, weight, 0.0)
+        else:
+            b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=first, other=0.0)
+                b = tl.load(b_ptrs)
+            else:
+                k_ok = offs_k < K - k0
+                a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
         acc += weight * tl.dot(a, b, input_precision=DOT_PREC)
         expert = expert_next
         weight = weight_next
@@ -264,7 +303,8 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
 @triton.jit
 def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
              stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1,
+             EP: tl.constexpr = False):
     # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1), on
     # the CUDA cores: each step loads a BLOCK_N x BLOCK_K slab of both halves and multiplies it by
     # the row elementwise into fp32 accumulators of the slab's shape, which are reduced over K
@@ -288,12 +328,21 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     cols = (offs_n % N).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     expert = tl.load(ids_ptr + r).to(tl.int64)
+    k_end = K
+    if EP:
+        # A row of another rank's expert (id -1): an empty loop, nothing loaded (as _gemv_up).
+        k_end = tl.where(expert >= 0, K, 0)
+        expert = tl.maximum(expert, 0)
     a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + offs_k * stride_xk
-    g_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    u_ptrs = g_ptrs + N * stride_wn
+    if ACT == 2:  # gpt-oss: gate and up rows interleaved
+        g_ptrs = w_ptr + expert * stride_we + (2 * cols)[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        u_ptrs = g_ptrs + stride_wn
+    else:
+        g_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(0, k_end, BLOCK_K, num_stages=STAGES):
         if EVEN_K:
             a = tl.load(a_ptrs + k0 * stride_xk)
             g = tl.load(g_ptrs + k0 * stride_wk)
@@ -308,17 +357,15 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
         acc_u += u.to(tl.float32) * a
     gate = tl.sum(acc_g, axis=1)
     up = tl.sum(acc_u, axis=1)
-    if ACT == 0:
-        h = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
-    else:
-        h = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up  # GELU (erf)
+    h = _act_and_mul(gate, up, ACT)
     tl.store(h_ptr + r.to(tl.int64) * stride_hm + offs_n * stride_hn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 @triton.jit
 def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
                stride_we, stride_wn, stride_wk, stride_om, stride_on, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1):
+               BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1,
+               EP: tl.constexpr = False):
     # One token t per program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores: each
     # step loads a K chunk of the BLOCK_N weight rows of all the token's k experts at once (a
     # [KB, BLOCK_N, BLOCK_K] slab, KB = k padded to a power of two) and multiplies it by the k rows
@@ -338,6 +385,10 @@ def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     slot_ok = slot < top_k
     flat = t * top_k + slot
     experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    if EP:
+        # Slots of another rank's experts (id -1) load nothing and weigh 0.
+        slot_ok = slot_ok & (experts >= 0)
+        experts = tl.maximum(experts, 0)
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn + offs_k[None, None, :] * stride_wk
     w_ok = slot_ok[:, None, None]
@@ -588,9 +639,13 @@ class Variant:
         out: torch.Tensor,
         act: int,
         num_experts: int,
+        ep: bool = False,
     ) -> None:
         """out[t] = sum_j weights[t, j] * act-and-mul(x[t] @ w1[e].T) @ w2[e].T, e = ids[t, j],
-        for checked, non-empty operands (``weights`` and ``ids`` flat and contiguous)."""
+        for checked, non-empty operands (``weights`` and ``ids`` flat and contiguous).  ``ep``:
+        ids may be -1 (an expert on another rank; expert parallelism), and such rows are skipped
+        and add nothing; the gemv and simt kernels are then their EP specialization, the grouped
+        ones are unchanged (alignment leaves those rows out)."""
         T, H = x.shape
         inter = w2.shape[2]
         numel = weights.numel()
@@ -607,11 +662,11 @@ class Variant:
             # kernel waits on the device for the kernel before it (the router) and releases the
             # down kernel as it starts; the down kernel loads its first weights, then waits for the
             # up kernel.  Each launch returns at once; nothing syncs with the host.
-            chain: dict[str, Any] = {}
+            chain: dict[str, Any] = {"EP": ep}
             down_last: dict[str, Any] = {"EVEN_K": inter % self.down_block_k == 0}
             if simt:
                 pdl = self.chained and _launch._programmatic(x)
-                chain = dict(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+                chain = dict(PDL=pdl, EP=ep, **({"launch_pdl": True} if pdl else {}))
                 down_last = {"KB": _launch._pow2ceil(k)}
             _launch._launch_kernel(
                 self.up, (numel, triton.cdiv(inter, self.block_n)),
@@ -649,8 +704,12 @@ class Variant:
             if acc is not out and not compiling:
                 out.copy_(acc)
             return
-        # One expert a token: its weighted row is the token's output.
-        rows = out if k == 1 else torch.empty((numel, H), dtype=x.dtype, device=x.device)
+        # One expert a token: its weighted row is the token's output.  With expert parallelism the
+        # rows of other ranks' experts are never written: they start at zero.
+        if k == 1:
+            rows = out.zero_() if ep else out
+        else:
+            rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=x.device)
         _launch._launch_kernel(
             self.down, grid,
             h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
@@ -766,6 +825,19 @@ def _check_fused(
     return T, H, two_i // 2, E, topk_ids.shape[1]
 
 
+def _check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_experts: Optional[int]) -> torch.Tensor:
+    """A checked expert map: [global experts] int32/int64 on topk_ids' device, each entry a local
+    expert id or -1 (entries are not range-checked: that would take a device sync)."""
+    m = _tensor(op, "expert_map", expert_map, 1)
+    _index_tensor(op, "expert_map", m)
+    _same_device(op, "expert_map", m, topk_ids, "topk_ids")
+    if m.shape[0] < 1:
+        _fail(op, "expert_map is empty: it maps each global expert id to this rank's id, or -1")
+    if local_experts is not None and m.shape[0] < local_experts:
+        _fail(op, f"expert_map has {m.shape[0]} global experts, fewer than the {local_experts} of w1 and w2")
+    return m
+
+
 def _guarded(t: torch.Tensor):
     """A context that launches on ``t``'s device when it is not the current one."""
     if t.is_cuda and torch.cuda.device_count() > 1 and t.get_device() != torch.cuda.current_device():
@@ -806,7 +878,9 @@ def _align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.
     return sorted_ids, expert_ids, post_pad
 
 
-def moe_align_block_size(topk_ids: Any, block_size_m: Any, num_experts: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_align_block_size(
+    topk_ids: Any, block_size_m: Any, num_experts: Any, *, expert_map: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """vLLM's moe_align_block_size; generated/moe.py's docstring says what it returns."""
     op = "moe_align_block_size"
     if not isinstance(topk_ids, torch.Tensor):
@@ -817,9 +891,17 @@ def moe_align_block_size(topk_ids: Any, block_size_m: Any, num_experts: Any) -> 
     _experts_count(op, "num_experts", num_experts)
     if topk_ids.numel() >= 2**31 - num_experts * block_size_m:
         _fail(op, f"topk_ids has {topk_ids.numel():,} elements; the int32 sorted ids need fewer")
+    if expert_map is not None:
+        expert_map = _check_expert_map(op, expert_map, topk_ids, None)
+        if expert_map.shape[0] != num_experts:
+            _fail(op, f"expert_map must have num_experts = {num_experts} entries, got {expert_map.shape[0]}")
     _runnable(op, "topk_ids", topk_ids)
     with _guarded(topk_ids):
-        return _align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
+        sorted_ids, expert_ids, post_pad = _align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
+        if expert_map is not None:
+            # As vLLM: every block's global expert through the map, -1 for another rank's.
+            expert_ids = expert_map[expert_ids.long()].to(torch.int32)
+        return sorted_ids, expert_ids, post_pad
 
 
 def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -953,10 +1035,13 @@ class MoE(PolicyTables):
         out: Any,
         hw: Any,
         variant: Optional[Variant] = None,
+        expert_map: Any = None,
     ) -> torch.Tensor:
         """The fused MoE layer into out (or a new tensor), by the bucket's kernels for T and the
         experts' intermediate size (or by ``variant``'s, for tests and benchmarks)."""
         T, H, inter, E, k = _check_fused(x, w1, w2, topk_weights, topk_ids, activation, out, self.variant_of_dtype)
+        if expert_map is not None:
+            expert_map = _check_expert_map("fused_moe", expert_map, topk_ids, E)
         if variant is None:
             variant = self.policy(x.dtype, hw, x.device)[1](T, inter).variant
         given = out is not None
@@ -971,7 +1056,10 @@ class MoE(PolicyTables):
         weights = topk_weights.contiguous().view(-1)
         ids = topk_ids.contiguous().view(-1)
         with _guarded(x):
-            variant.run(x, w1, w2, weights, ids, out, _ACTIVATIONS[activation], E)
+            if expert_map is not None:
+                # Global ids to this rank's (-1: another rank's expert), one gather on the device.
+                ids = expert_map[ids.long()].to(torch.int32)
+            variant.run(x, w1, w2, weights, ids, out, _ACTIVATIONS[activation], E, expert_map is not None)
         if given:
             # A write autograd did not see: saved tensors that alias out now fail backward loudly.
             torch.autograd.graph.increment_version(out)
