@@ -707,7 +707,7 @@ class Variant:
         # One expert a token: its weighted row is the token's output.  With expert parallelism the
         # rows of other ranks' experts are never written: they start at zero.
         if k == 1:
-            rows = out.zero_() if ep else out
+            rows = out.zero_() if ep and not _launch._compiling() else out
         else:
             rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=x.device)
         _launch._launch_kernel(
