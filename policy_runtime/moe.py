@@ -279,7 +279,8 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
         if EP:
             # A slot of another rank's expert (id -1): nothing loaded, its weight 0.
             here = expert >= 0
-            b_ptrs = w_ptr + tl.maximum(expert, 0) * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
+            b_ptrs = w_ptr + tl.maximum(expert, 0) * stride_we + cols[None, :] * stride_wn
+            b_ptrs += (k0 + offs_k)[:, None] * stride_wk
             k_ok = offs_k < tl.where(here, K - k0, 0)
             a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
@@ -965,7 +966,10 @@ def _route(
     if bias is not None:
         bias = _tensor(op, "e_score_correction_bias", bias, 1)
         if bias.shape[0] != E or not bias.is_floating_point():
-            _fail(op, f"e_score_correction_bias must be a float tensor of shape ({E},), got {bias.dtype} {tuple(bias.shape)}")
+            _fail(
+                op,
+                f"e_score_correction_bias must be a float tensor of shape ({E},), got {bias.dtype} {tuple(bias.shape)}",
+            )
         _same_device(op, "e_score_correction_bias", bias, x, "gating_logits")
         if E > 1 and bias.stride(0) != 1:
             bias = bias.contiguous()

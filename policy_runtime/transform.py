@@ -295,7 +295,9 @@ def _heads_view(op: str, name: str, t: torch.Tensor, head_size: int) -> tuple[in
             raise ValueError(f"{op}: {name} {tuple(t.shape)} head dim != head_size {head_size}")
         nh = t.shape[1]
         if t.stride(2) != 1 and head_size > 1:
-            raise ValueError(f"{op}: {name} {tuple(t.shape)} needs packed heads (unit last stride), strides {t.stride()}")
+            raise ValueError(
+                f"{op}: {name} {tuple(t.shape)} needs packed heads (unit last stride), strides {t.stride()}"
+            )
         hstride = t.stride(1) if nh > 1 else head_size
         if hstride != head_size:
             # Strided heads: rotated in place, so the heads of a token and the tokens must not

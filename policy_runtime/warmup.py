@@ -514,7 +514,9 @@ class MoEDriver:
                         calls += self._routers(opts, model, dims, dtype, path, T, renormalize)
         return calls, notes
 
-    def _routers(self, opts: Options, model: str, dims: dict, dtype: str, path: str, T: int, renormalize: bool) -> list[Call]:
+    def _routers(
+        self, opts: Options, model: str, dims: dict, dtype: str, path: str, T: int, renormalize: bool
+    ) -> list[Call]:
         """grouped_topk's specializations for a model: its scoring (or both), with and without a
         correction bias, its expert groups and scaling factor (none where it names none); the
         plain softmax one is topk_softmax's kernel, above."""

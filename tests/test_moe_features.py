@@ -78,7 +78,9 @@ def reference(x, w1, w2, weights, ids, activation="silu", expert_map=None):
 
 def run(name, x, w1, w2, weights, ids, activation="silu", expert_map=None):
     out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=DEVICE)
-    got = M._MOE.fused_moe(x, w1, w2, weights, ids, activation, out, None, variant=M.VARIANTS[name], expert_map=expert_map)
+    got = M._MOE.fused_moe(
+        x, w1, w2, weights, ids, activation, out, None, variant=M.VARIANTS[name], expert_map=expert_map
+    )
     assert got is out
     return out
 

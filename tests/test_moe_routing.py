@@ -69,7 +69,9 @@ def check(got, want):
         (70, 16, 2, "sigmoid", True, 4, 2, True, 1.5, torch.float32),  # tiles of tokens (T > 64)
     ],
 )
-def test_grouped_topk_matches_the_published_semantics(T, E, k, scoring, biased, groups, topk_group, renormalize, scale, dtype):
+def test_grouped_topk_matches_the_published_semantics(
+    T, E, k, scoring, biased, groups, topk_group, renormalize, scale, dtype
+):
     logits = spread_logits(T, E).to(dtype)
     # A bias that changes which experts win: as large as the score differences, some negative.
     bias = (torch.randperm(E).float() * 0.013 - 0.2) if biased else None

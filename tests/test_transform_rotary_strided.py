@@ -76,4 +76,12 @@ def test_overlapping_strided_heads_are_rejected():
     base = torch.zeros(64, device=DEVICE)
     q = base.as_strided((T, nh, hs), (nh * 4, 4, 1))  # heads 4 apart, 8 long: they overlap
     with pytest.raises(ValueError, match="has overlapping heads or tokens"):
-        TR.rotary_embedding(torch.zeros(T, dtype=torch.int64, device=DEVICE), q, None, torch.ones(4, 8, device=DEVICE), hs, True, hw="h200")
+        TR.rotary_embedding(
+            torch.zeros(T, dtype=torch.int64, device=DEVICE),
+            q,
+            None,
+            torch.ones(4, 8, device=DEVICE),
+            hs,
+            True,
+            hw="h200",
+        )
