@@ -504,8 +504,8 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
     # BLOCK_T tokens per program: the E scores in fp32 (softmax over the logits, or SIGMOID of
     # each), non-finite scores set to 0 (vLLM's rule: CUDA-graph padding rows give NaN logits,
     # and NaN weights crashed serving), then the k largest, the lowest expert index first among
-    # equals.  Each score and its expert are one int64 key (the score's bits above, mapped so
-    # that signed integer order is float order; E_BLOCK - 1 - expert below), and Triton's bitonic
+    # equals.  Each score and its expert are one int64 key (the score's bits above, ordered as
+    # the scores are; E_BLOCK - 1 - expert below), and Triton's bitonic
     # top-k keeps the K_BLOCK largest keys in one pass: per thread, then a few merges across
     # threads, each moving K_BLOCK keys at once.  (Before: k rounds of a row-wide argmax and a
     # removal.  At one token on an H200 the router took 5.5 against 5.9 us alone, and the chained
@@ -566,7 +566,11 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
             allowed = allowed | ((grp == g)[None, :] & kept_g[:, None])
         choose = tl.where(allowed, choose, float("-inf"))
     bits = choose.to(tl.int32, bitcast=True)
-    bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed integer order = float order
+    if HAS_BIAS:
+        # Biased scores may be negative: flip the magnitude bits of negative ones, so that signed
+        # integer order is float order.  (Unbiased scores are >= 0, and -inf's bits are a negative
+        # integer: their bits order as they do.)
+        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     keys = (bits.to(tl.int64) << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
     if K_BLOCK == 1:
         top = tl.max(keys, axis=1, keep_dims=True)  # Triton 3.6's tl.topk fails to compile at k = 1
@@ -583,8 +587,7 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
             vals = tl.exp(xk - row_max[:, None]) / row_sum[:, None]
         vals = tl.where(tl.abs(vals) < float("inf"), vals, 0.0)
     else:
-        vbits = (top >> 32).to(tl.int32)
-        vals = (vbits ^ ((vbits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        vals = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     if RENORMALIZE:
         total = tl.sum(tl.where(kk[None, :] < k, vals, 0.0), axis=1)
         vals = vals / tl.where(total > 0, total, 1.0)[:, None]  # all-zero (non-finite) rows stay 0
