@@ -174,3 +174,19 @@ def test_bad_expert_maps():
         M.moe_align_block_size(ids, 4, 8, expert_map=torch.zeros(4, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="fused_moe: activation must be one of"):
         M.fused_moe(x, w1, w2, weights, ids, activation="gelu_tanh")
+
+
+def test_expert_map_with_one_expert_a_token():
+    """k = 1 through a grouped pair without the fused sum: its weighted rows are the output itself,
+    and the rows of other ranks' experts must come out as zeros."""
+    (name,) = [n for n in PAIRS if M.VARIANTS[n].kind == "grouped" and not M.VARIANTS[n].fuse_sum]
+    T, global_e = 5, 6
+    expert_map = torch.tensor([-1, 0, -1, 1, -1, -1], dtype=torch.int64)
+    x = torch.randn(T, H).half().to(DEVICE)
+    w1 = (torch.randn(2, 2 * I, H) / H**0.5).half().to(DEVICE)
+    w2 = (torch.randn(2, H, I) / I**0.5).half().to(DEVICE)
+    weights = torch.rand(T, 1, device=DEVICE)
+    ids = torch.tensor([[1], [0], [3], [5], [3]], dtype=torch.int32).to(DEVICE)
+    out = run(name, x, w1, w2, weights, ids, expert_map=expert_map.to(DEVICE))
+    check(out, reference(x, w1, w2, weights, ids, expert_map=expert_map), torch.float16, f"{name} k=1")
+    assert out[1].abs().sum().item() == 0.0 and out[3].abs().sum().item() == 0.0
