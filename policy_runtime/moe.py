@@ -47,6 +47,7 @@ internals, not API.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -58,8 +59,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from . import launch as _launch
 from .lookup import PolicyTables
 
-# Activations of the up GEMM's gate half, as vLLM's fused_moe names them.
-_ACTIVATIONS = {"silu": 0, "gelu": 1}
+# Activations of the up GEMM's gate half, as vLLM's fused_moe names them (_act_and_mul's ACT).
+# swigluoai is gpt-oss's: alpha 1.702, limit 7, and its w1 interleaves gate and up rows (row 2n
+# is gate column n, row 2n + 1 up column n), as vLLM's swigluoai_and_mul reads its input.
+_ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Experts and top-k are held in one program's registers (padded to powers of two).
 _MAX_EXPERTS = 4096
@@ -76,7 +79,25 @@ _TOPK_ONE_ROW_MAX_T = 64
 
 
 # Helpers are written out in each body rather than called: in Triton's interpreter (the CPU
-# tests) every call of a jit function costs more than the arithmetic it saves.
+# tests) every call of a jit function costs more than the arithmetic it saves.  (The activation
+# epilogue is one call a program.)
+
+
+@triton.jit
+def _act_and_mul(gate, up, ACT: tl.constexpr):
+    # The up GEMM's epilogue, fp32 (vLLM's activations; _ACTIVATIONS numbers them).
+    if ACT == 0:
+        h = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
+    elif ACT == 1:
+        h = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up  # GELU (erf) * up
+    else:
+        # swigluoai (gpt-oss): gate clamped above at 7, up to [-7, 7];
+        # gate * sigmoid(1.702 * gate) * (up + 1).
+        gate = tl.minimum(gate, 7.0)
+        up = tl.minimum(tl.maximum(up, -7.0), 7.0)
+        h = gate / (1.0 + tl.exp(-1.702 * gate)) * (up + 1.0)
+    return h
+
 
 
 @triton.jit
@@ -102,8 +123,12 @@ def _grouped_up(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, nume
         cols = (offs_n % N).to(tl.int64)  # wrapped: every weight load is in bounds, stores masked
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = x_ptr + (tok // top_k).to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
-        g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
-        u_ptrs = g_ptrs + N * stride_wn
+        if ACT == 2:  # gpt-oss: gate and up rows interleaved
+            g_ptrs = w_ptr + expert * stride_we + (2 * cols)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+            u_ptrs = g_ptrs + stride_wn
+        else:
+            g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+            u_ptrs = g_ptrs + N * stride_wn
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
@@ -121,10 +146,7 @@ def _grouped_up(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, nume
             a_ptrs += BLOCK_K * stride_xk
             g_ptrs += BLOCK_K * stride_wk
             u_ptrs += BLOCK_K * stride_wk
-        if ACT == 0:
-            h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate) * up
-        else:
-            h = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476)) * acc_u  # GELU (erf)
+        h = _act_and_mul(acc_g, acc_u, ACT)
         h_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_n[None, :] * stride_hn
         tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
 
@@ -178,10 +200,13 @@ def _grouped_down(h_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, experts_ptr, p
 @triton.jit
 def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
              stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+             EP: tl.constexpr = False):
     # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1).
     # The row is the first of a 16-row tile (the others masked to zero) so that the weight tiles
     # feed tensor-core dots, which Triton pipelines num_stages deep: decode streams weights.
+    # EP (expert parallelism): a row whose id is -1 (an expert on another rank) loads nothing
+    # (its K loop is empty) and is not read by the down kernel.
     r = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = (offs_n % N).to(tl.int64)
@@ -189,12 +214,20 @@ def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     lane = tl.arange(0, 16)[:, None]
     first = lane == 0
     expert = tl.load(ids_ptr + r).to(tl.int64)
+    k_end = K
+    if EP:
+        k_end = tl.where(expert >= 0, K, 0)
+        expert = tl.maximum(expert, 0)
     a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + lane * 0 + offs_k[None, :] * stride_xk
-    g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
-    u_ptrs = g_ptrs + N * stride_wn
+    if ACT == 2:  # gpt-oss: gate and up rows interleaved
+        g_ptrs = w_ptr + expert * stride_we + (2 * cols)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        u_ptrs = g_ptrs + stride_wn
+    else:
+        g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, k_end, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=first, other=0.0)
             g = tl.load(g_ptrs)
@@ -209,10 +242,7 @@ def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
         a_ptrs += BLOCK_K * stride_xk
         g_ptrs += BLOCK_K * stride_wk
         u_ptrs += BLOCK_K * stride_wk
-    if ACT == 0:
-        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u  # SiLU(gate) * up
-    else:
-        h = 0.5 * acc_g * (1.0 + tl.erf(acc_g * 0.7071067811865476)) * acc_u  # GELU (erf)
+    h = _act_and_mul(acc_g, acc_u, ACT)
     h_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + offs_n[None, :] * stride_hn
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
 
@@ -220,7 +250,8 @@ def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
 @triton.jit
 def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
                stride_we, stride_wn, stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+               EP: tl.constexpr = False):
     # One token t per program (axis 0), BLOCK_N output columns (axis 1): the sum over its k
     # experts of weight * (h[t * k + j] @ w[e].T), in slot order, in one flat loop over (j, K);
     # the row padded to a 16-row tile as in _gemv_up, each step's product weighted in fp32.
@@ -245,14 +276,24 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
         expert_next = tl.load(ids_ptr + r_next).to(tl.int64)
         weight_next = tl.load(weights_ptr + r_next).to(tl.float32)
         a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + (k0 + offs_k)[None, :] * stride_hk
-        b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=first, other=0.0)
-            b = tl.load(b_ptrs)
-        else:
-            k_ok = offs_k < K - k0
+        if EP:
+            # A slot of another rank's expert (id -1): nothing loaded, its weight 0.
+            here = expert >= 0
+            b_ptrs = w_ptr + tl.maximum(expert, 0) * stride_we + cols[None, :] * stride_wn
+            b_ptrs += (k0 + offs_k)[:, None] * stride_wk
+            k_ok = offs_k < tl.where(here, K - k0, 0)
             a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            weight = tl.where(here, weight, 0.0)
+        else:
+            b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=first, other=0.0)
+                b = tl.load(b_ptrs)
+            else:
+                k_ok = offs_k < K - k0
+                a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
         acc += weight * tl.dot(a, b, input_precision=DOT_PREC)
         expert = expert_next
         weight = weight_next
@@ -263,7 +304,8 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
 @triton.jit
 def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
              stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1,
+             EP: tl.constexpr = False):
     # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1), on
     # the CUDA cores: each step loads a BLOCK_N x BLOCK_K slab of both halves and multiplies it by
     # the row elementwise into fp32 accumulators of the slab's shape, which are reduced over K
@@ -287,12 +329,21 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     cols = (offs_n % N).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     expert = tl.load(ids_ptr + r).to(tl.int64)
+    k_end = K
+    if EP:
+        # A row of another rank's expert (id -1): an empty loop, nothing loaded (as _gemv_up).
+        k_end = tl.where(expert >= 0, K, 0)
+        expert = tl.maximum(expert, 0)
     a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + offs_k * stride_xk
-    g_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    u_ptrs = g_ptrs + N * stride_wn
+    if ACT == 2:  # gpt-oss: gate and up rows interleaved
+        g_ptrs = w_ptr + expert * stride_we + (2 * cols)[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        u_ptrs = g_ptrs + stride_wn
+    else:
+        g_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(0, k_end, BLOCK_K, num_stages=STAGES):
         if EVEN_K:
             a = tl.load(a_ptrs + k0 * stride_xk)
             g = tl.load(g_ptrs + k0 * stride_wk)
@@ -307,17 +358,15 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
         acc_u += u.to(tl.float32) * a
     gate = tl.sum(acc_g, axis=1)
     up = tl.sum(acc_u, axis=1)
-    if ACT == 0:
-        h = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
-    else:
-        h = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up  # GELU (erf)
+    h = _act_and_mul(gate, up, ACT)
     tl.store(h_ptr + r.to(tl.int64) * stride_hm + offs_n * stride_hn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 @triton.jit
 def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
                stride_we, stride_wn, stride_wk, stride_om, stride_on, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1):
+               BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1,
+               EP: tl.constexpr = False):
     # One token t per program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores: each
     # step loads a K chunk of the BLOCK_N weight rows of all the token's k experts at once (a
     # [KB, BLOCK_N, BLOCK_K] slab, KB = k padded to a power of two) and multiplies it by the k rows
@@ -337,6 +386,10 @@ def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     slot_ok = slot < top_k
     flat = t * top_k + slot
     experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    if EP:
+        # Slots of another rank's experts (id -1) load nothing and weigh 0.
+        slot_ok = slot_ok & (experts >= 0)
+        experts = tl.maximum(experts, 0)
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn + offs_k[None, None, :] * stride_wk
     w_ok = slot_ok[:, None, None]
@@ -444,15 +497,27 @@ def _align_scatter(ids_ptr, counts_ptr, sorted_ptr, experts_ptr, post_pad_ptr, n
 @triton.jit(do_not_specialize=["T"])
 def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le,
                          RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr,
-                         K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
-    # BLOCK_T tokens per program: softmax over the E logits in fp32, then the k largest
-    # probabilities, the lowest expert index first among equals.  Each probability and its expert
-    # are one int64 key (the probability's bits above, which order as the probabilities do since
-    # none is negative; E_BLOCK - 1 - expert below), and Triton's bitonic top-k keeps the K_BLOCK
-    # largest keys in one pass: per thread, then a few merges across threads, each moving K_BLOCK
-    # keys at once.  (Before: k rounds of a row-wide argmax and a removal.  At one token on an H200
-    # the router took 5.5 against 5.9 us alone, and the chained layer 30.1 against 31.0 us
-    # (qwen36), 29.6 against 31.0 (128 experts x 768): bench/results/h200_explore_decode20.*.)
+                         K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr, bias_ptr=None, topk_group=1,
+                         group_size=1, scale=1.0, SIGMOID: tl.constexpr = False,
+                         HAS_BIAS: tl.constexpr = False, GROUPS: tl.constexpr = 1,
+                         SCALED: tl.constexpr = False):
+    # BLOCK_T tokens per program: the E scores in fp32 (softmax over the logits, or SIGMOID of
+    # each), non-finite scores set to 0 (vLLM's rule: CUDA-graph padding rows give NaN logits,
+    # and NaN weights crashed serving), then the k largest, the lowest expert index first among
+    # equals.  Each score and its expert are one int64 key (the score's bits above, ordered as
+    # the scores are; E_BLOCK - 1 - expert below), and Triton's bitonic
+    # top-k keeps the K_BLOCK largest keys in one pass: per thread, then a few merges across
+    # threads, each moving K_BLOCK keys at once.  (Before: k rounds of a row-wide argmax and a
+    # removal.  At one token on an H200 the router took 5.5 against 5.9 us alone, and the chained
+    # layer 30.1 against 31.0 us (qwen36), 29.6 against 31.0 (128 experts x 768):
+    # bench/results/h200_explore_decode20.*.)
+    # DeepSeek-V3's routing (vLLM's grouped_topk), each part a constexpr that compiles to nothing
+    # when off: HAS_BIAS adds bias[e] to the scores that choose (groups and experts), while the
+    # weights are the unbiased scores; GROUPS > 1 splits the experts into GROUPS groups of
+    # group_size, scores each group (its largest score; with a bias, the sum of its two largest
+    # biased scores), keeps the topk_group best groups (the lowest index first among equals) and
+    # chooses the k experts among theirs; SCALED multiplies the weights by scale (vLLM's
+    # routed_scaling_factor) after any renormalization.
     # TRIGGER (Hopper and later): a kernel launched after this one as a programmatic dependent
     # launch (fused_moe's chained up GEMM) may start now; it waits on the device for this kernel to
     # finish before it reads.
@@ -462,25 +527,72 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
     ex = tl.arange(0, E_BLOCK)
     in_t = rows < T
     in_e = ex < E
-    x = tl.load(
-        logits_ptr + rows.to(tl.int64)[:, None] * stride_lt + ex[None, :] * stride_le,
-        mask=in_t[:, None] & in_e[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    x = tl.where(in_e[None, :], x, float("-inf"))
-    p = tl.exp(x - tl.max(x, axis=1)[:, None])
-    p = p / tl.sum(p, axis=1)[:, None]
-    p = tl.where(in_e[None, :], p, -2.0)  # padding columns: negative keys, never picked
-    keys = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
+    row_ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_lt
+    x = tl.load(row_ptrs + ex[None, :] * stride_le, mask=in_t[:, None] & in_e[None, :], other=0.0).to(tl.float32)
+    if SIGMOID:
+        p = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        x = tl.where(in_e[None, :], x, float("-inf"))
+        row_max = tl.max(x, axis=1)
+        p = tl.exp(x - row_max[:, None])
+        row_sum = tl.sum(p, axis=1)
+        p = p / row_sum[:, None]
+    p = tl.where(tl.abs(p) < float("inf"), p, 0.0)  # NaN and +-Inf -> 0
+    choose = p
+    if HAS_BIAS:
+        choose = p + tl.load(bias_ptr + ex, mask=in_e, other=0.0).to(tl.float32)[None, :]
+    choose = tl.where(in_e[None, :], choose, float("-inf"))  # padding columns never picked
+    if GROUPS > 1:
+        grp = ex // group_size
+        gi = tl.arange(0, GROUPS)
+        gscore = tl.zeros((BLOCK_T, GROUPS), dtype=tl.float32)
+        for g in tl.static_range(GROUPS):
+            mine = (grp == g)[None, :]
+            s = tl.where(mine, choose, float("-inf"))
+            best = tl.max(s, axis=1)
+            if HAS_BIAS:
+                # The second largest: the largest once the first (lowest index) of the best is out.
+                first = tl.min(tl.where(s == best[:, None], ex[None, :], E_BLOCK), axis=1)
+                best += tl.max(tl.where(ex[None, :] == first[:, None], float("-inf"), s), axis=1)
+            gscore = tl.where(gi[None, :] == g, best[:, None], gscore)
+        # A group is kept when fewer than topk_group groups rank above it.
+        a = gscore[:, :, None]
+        b = gscore[:, None, :]
+        above = (b > a) | ((b == a) & (gi[None, None, :] < gi[None, :, None]))
+        kept = tl.sum(above.to(tl.int32), axis=2) < topk_group
+        allowed = tl.zeros((BLOCK_T, E_BLOCK), dtype=tl.int1)
+        for g in tl.static_range(GROUPS):
+            kept_g = tl.sum(tl.where(gi[None, :] == g, kept.to(tl.int32), 0), axis=1) > 0
+            allowed = allowed | ((grp == g)[None, :] & kept_g[:, None])
+        choose = tl.where(allowed, choose, float("-inf"))
+    bits = choose.to(tl.int32, bitcast=True)
+    if HAS_BIAS:
+        # Biased scores may be negative: flip the magnitude bits of negative ones, so that signed
+        # integer order is float order.  (Unbiased scores are >= 0, and -inf's bits are a negative
+        # integer: their bits order as they do.)
+        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    keys = (bits.to(tl.int64) << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
     if K_BLOCK == 1:
         top = tl.max(keys, axis=1, keep_dims=True)  # Triton 3.6's tl.topk fails to compile at k = 1
     else:
         top = tl.topk(keys, K_BLOCK, dim=1)  # [BLOCK_T, K_BLOCK], largest first
     idx = (E_BLOCK - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
-    vals = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     kk = tl.arange(0, K_BLOCK)
+    if HAS_BIAS:
+        # The weights are the unbiased scores of the chosen experts, computed again as above.
+        xk = tl.load(row_ptrs + idx * stride_le, mask=in_t[:, None] & (kk < k)[None, :], other=0.0).to(tl.float32)
+        if SIGMOID:
+            vals = 1.0 / (1.0 + tl.exp(-xk))
+        else:
+            vals = tl.exp(xk - row_max[:, None]) / row_sum[:, None]
+        vals = tl.where(tl.abs(vals) < float("inf"), vals, 0.0)
+    else:
+        vals = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     if RENORMALIZE:
-        vals = vals / tl.sum(tl.where(kk[None, :] < k, vals, 0.0), axis=1)[:, None]
+        total = tl.sum(tl.where(kk[None, :] < k, vals, 0.0), axis=1)
+        vals = vals / tl.where(total > 0, total, 1.0)[:, None]  # all-zero (non-finite) rows stay 0
+    if SCALED:
+        vals = vals * scale
     offs = rows.to(tl.int64)[:, None] * k + kk[None, :]
     mask = in_t[:, None] & (kk < k)[None, :]
     tl.store(weights_ptr + offs, vals, mask=mask)
@@ -531,9 +643,13 @@ class Variant:
         out: torch.Tensor,
         act: int,
         num_experts: int,
+        ep: bool = False,
     ) -> None:
         """out[t] = sum_j weights[t, j] * act-and-mul(x[t] @ w1[e].T) @ w2[e].T, e = ids[t, j],
-        for checked, non-empty operands (``weights`` and ``ids`` flat and contiguous)."""
+        for checked, non-empty operands (``weights`` and ``ids`` flat and contiguous).  ``ep``:
+        ids may be -1 (an expert on another rank; expert parallelism), and such rows are skipped
+        and add nothing; the gemv and simt kernels are then their EP specialization, the grouped
+        ones are unchanged (alignment leaves those rows out)."""
         T, H = x.shape
         inter = w2.shape[2]
         numel = weights.numel()
@@ -550,11 +666,11 @@ class Variant:
             # kernel waits on the device for the kernel before it (the router) and releases the
             # down kernel as it starts; the down kernel loads its first weights, then waits for the
             # up kernel.  Each launch returns at once; nothing syncs with the host.
-            chain: dict[str, Any] = {}
+            chain: dict[str, Any] = {"EP": ep}
             down_last: dict[str, Any] = {"EVEN_K": inter % self.down_block_k == 0}
             if simt:
                 pdl = self.chained and _launch._programmatic(x)
-                chain = dict(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+                chain = dict(PDL=pdl, EP=ep, **({"launch_pdl": True} if pdl else {}))
                 down_last = {"KB": _launch._pow2ceil(k)}
             _launch._launch_kernel(
                 self.up, (numel, triton.cdiv(inter, self.block_n)),
@@ -592,8 +708,12 @@ class Variant:
             if acc is not out and not compiling:
                 out.copy_(acc)
             return
-        # One expert a token: its weighted row is the token's output.
-        rows = out if k == 1 else torch.empty((numel, H), dtype=x.dtype, device=x.device)
+        # One expert a token: its weighted row is the token's output.  With expert parallelism the
+        # rows of other ranks' experts are never written: they start at zero.
+        if k == 1:
+            rows = out.zero_() if ep and not _launch._compiling() else out
+        else:
+            rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=x.device)
         _launch._launch_kernel(
             self.down, grid,
             h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
@@ -709,6 +829,19 @@ def _check_fused(
     return T, H, two_i // 2, E, topk_ids.shape[1]
 
 
+def _check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_experts: Optional[int]) -> torch.Tensor:
+    """A checked expert map: [global experts] int32/int64 on topk_ids' device, each entry a local
+    expert id or -1 (entries are not range-checked: that would take a device sync)."""
+    m = _tensor(op, "expert_map", expert_map, 1)
+    _index_tensor(op, "expert_map", m)
+    _same_device(op, "expert_map", m, topk_ids, "topk_ids")
+    if m.shape[0] < 1:
+        _fail(op, "expert_map is empty: it maps each global expert id to this rank's id, or -1")
+    if local_experts is not None and m.shape[0] < local_experts:
+        _fail(op, f"expert_map has {m.shape[0]} global experts, fewer than the {local_experts} of w1 and w2")
+    return m
+
+
 def _guarded(t: torch.Tensor):
     """A context that launches on ``t``'s device when it is not the current one."""
     if t.is_cuda and torch.cuda.device_count() > 1 and t.get_device() != torch.cuda.current_device():
@@ -749,7 +882,9 @@ def _align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.
     return sorted_ids, expert_ids, post_pad
 
 
-def moe_align_block_size(topk_ids: Any, block_size_m: Any, num_experts: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def moe_align_block_size(
+    topk_ids: Any, block_size_m: Any, num_experts: Any, *, expert_map: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """vLLM's moe_align_block_size; generated/moe.py's docstring says what it returns."""
     op = "moe_align_block_size"
     if not isinstance(topk_ids, torch.Tensor):
@@ -760,14 +895,56 @@ def moe_align_block_size(topk_ids: Any, block_size_m: Any, num_experts: Any) -> 
     _experts_count(op, "num_experts", num_experts)
     if topk_ids.numel() >= 2**31 - num_experts * block_size_m:
         _fail(op, f"topk_ids has {topk_ids.numel():,} elements; the int32 sorted ids need fewer")
+    if expert_map is not None:
+        expert_map = _check_expert_map(op, expert_map, topk_ids, None)
+        if expert_map.shape[0] != num_experts:
+            _fail(op, f"expert_map must have num_experts = {num_experts} entries, got {expert_map.shape[0]}")
     _runnable(op, "topk_ids", topk_ids)
     with _guarded(topk_ids):
-        return _align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
+        sorted_ids, expert_ids, post_pad = _align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
+        if expert_map is not None:
+            # As vLLM: every block's global expert through the map, -1 for another rank's.
+            expert_ids = expert_map[expert_ids.long()].to(torch.int32)
+        return sorted_ids, expert_ids, post_pad
 
 
 def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's topk_softmax; generated/moe.py's docstring says what it returns."""
-    op = "topk_softmax"
+    return _route("topk_softmax", gating_logits, k, renormalize, "softmax", None, 1, 1, 1.0)
+
+
+# Router scorings, as vLLM's grouped_topk names them.
+_SCORINGS = ("softmax", "sigmoid")
+
+
+def grouped_topk(
+    gating_logits: Any,
+    k: Any,
+    renormalize: Any,
+    *,
+    scoring_func: Any = "softmax",
+    e_score_correction_bias: Any = None,
+    num_expert_group: Any = 1,
+    topk_group: Any = 1,
+    routed_scaling_factor: Any = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's grouped_topk (DeepSeek-V3's routing); generated/moe.py's docstring says what it returns."""
+    return _route(
+        "grouped_topk", gating_logits, k, renormalize, scoring_func, e_score_correction_bias,
+        num_expert_group, topk_group, routed_scaling_factor,
+    )  # fmt: skip
+
+
+def _positive_int(op: str, name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        _fail(op, f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def _route(
+    op: str, gating_logits: Any, k: Any, renormalize: Any, scoring: Any, bias: Any, groups: Any, topk_group: Any,
+    scale: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
     x = _tensor(op, "gating_logits", gating_logits, 2)
     if not x.is_floating_point():
         _fail(op, f"gating_logits must be a float tensor, got {x.dtype}")
@@ -777,6 +954,28 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
         _fail(op, f"k must be an int from 1 to the {E} experts, got {k!r}")
     if not isinstance(renormalize, bool):
         _fail(op, f"renormalize must be a bool, got {renormalize!r}")
+    if scoring not in _SCORINGS:
+        _fail(op, f"scoring_func must be one of {list(_SCORINGS)}, got {scoring!r}")
+    groups = _positive_int(op, "num_expert_group", groups)
+    topk_group = _positive_int(op, "topk_group", topk_group)
+    if E % groups or groups & (groups - 1):
+        _fail(op, f"num_expert_group must be a power of two dividing the {E} experts, got {groups}")
+    if topk_group > groups:
+        _fail(op, f"topk_group must be at most num_expert_group {groups}, got {topk_group}")
+    if k > topk_group * (E // groups):
+        _fail(op, f"k {k} is more than the {topk_group * (E // groups)} experts of topk_group {topk_group} groups")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        _fail(op, f"routed_scaling_factor must be a finite number, got {scale!r}")
+    if bias is not None:
+        bias = _tensor(op, "e_score_correction_bias", bias, 1)
+        if bias.shape[0] != E or not bias.is_floating_point():
+            _fail(
+                op,
+                f"e_score_correction_bias must be a float tensor of shape ({E},), got {bias.dtype} {tuple(bias.shape)}",
+            )
+        _same_device(op, "e_score_correction_bias", bias, x, "gating_logits")
+        if E > 1 and bias.stride(0) != 1:
+            bias = bias.contiguous()
     _runnable(op, "gating_logits", x)
     weights = torch.empty((T, k), dtype=torch.float32, device=x.device)
     ids = torch.empty((T, k), dtype=torch.int32, device=x.device)
@@ -793,6 +992,16 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
     small = T <= _TOPK_ONE_ROW_MAX_T
     block_t = 1 if small else max(1, min(64, 4096 // e_block))
     warps = min(4, max(1, e_block // 128)) if small else 4
+    # The DeepSeek-V3 parts only where asked: the plain softmax router launches as it always did.
+    extra: dict[str, Any] = {}
+    if scoring == "sigmoid":
+        extra["SIGMOID"] = True
+    if bias is not None:
+        extra.update(bias_ptr=bias, HAS_BIAS=True)
+    if groups > 1:
+        extra.update(topk_group=topk_group, group_size=E // groups, GROUPS=groups)
+    if scale != 1.0:
+        extra.update(scale=float(scale), SCALED=True)
     if _launch._FIRST_LAUNCH:
         _launch._ready_triton()
     with _guarded(x):
@@ -800,7 +1009,7 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
             _topk_softmax_kernel, (triton.cdiv(T, block_t),),
             x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
             BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k),
-            TRIGGER=_launch._programmatic(x), num_warps=warps,
+            TRIGGER=_launch._programmatic(x), num_warps=warps, **extra,
         )  # fmt: skip
     return weights, ids
 
@@ -833,10 +1042,13 @@ class MoE(PolicyTables):
         out: Any,
         hw: Any,
         variant: Optional[Variant] = None,
+        expert_map: Any = None,
     ) -> torch.Tensor:
         """The fused MoE layer into out (or a new tensor), by the bucket's kernels for T and the
         experts' intermediate size (or by ``variant``'s, for tests and benchmarks)."""
         T, H, inter, E, k = _check_fused(x, w1, w2, topk_weights, topk_ids, activation, out, self.variant_of_dtype)
+        if expert_map is not None:
+            expert_map = _check_expert_map("fused_moe", expert_map, topk_ids, E)
         if variant is None:
             variant = self.policy(x.dtype, hw, x.device)[1](T, inter).variant
         given = out is not None
@@ -851,7 +1063,10 @@ class MoE(PolicyTables):
         weights = topk_weights.contiguous().view(-1)
         ids = topk_ids.contiguous().view(-1)
         with _guarded(x):
-            variant.run(x, w1, w2, weights, ids, out, _ACTIVATIONS[activation], E)
+            if expert_map is not None:
+                # Global ids to this rank's (-1: another rank's expert), one gather on the device.
+                ids = expert_map[ids.long()].to(torch.int32)
+            variant.run(x, w1, w2, weights, ids, out, _ACTIVATIONS[activation], E, expert_map is not None)
         if given:
             # A write autograd did not see: saved tensors that alias out now fail backward loudly.
             torch.autograd.graph.increment_version(out)

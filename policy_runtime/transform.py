@@ -18,6 +18,7 @@ TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable, Mapping
 
@@ -72,6 +73,7 @@ class TransformKernels:
         self.target_name = target_name
         self._rms_plans: dict = {}
         self._silu_plans: dict = {}
+        self._act_plans: dict = {}
         self._rope_plans: dict = {}
 
     def rms_norm(self, x, weight, eps, *, residual=None, hw=None):
@@ -139,6 +141,34 @@ class TransformKernels:
             _run(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info))
         return out
 
+    def act_and_mul(self, op, x, *, alpha=1.702, limit=7.0, hw=None):
+        """gelu_tanh_and_mul, swigluoai_and_mul or mul_and_silu (``op``): x [..., 2d] -> a new
+        [..., d] tensor; one kernel, the activation a constexpr (``_ACTS``), on silu_and_mul's
+        launch records (the same bytes a program)."""
+        act = _ACTS[op]
+        _check_float(op, "x", x)
+        if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % 2:
+            raise ValueError(f"{op}: last dim of x {tuple(x.shape)} must be even and > 0")
+        if act == _ACTS["swigluoai_and_mul"]:
+            for name, v in (("alpha", alpha), ("limit", limit)):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise ValueError(f"{op}: {name} must be a finite number, got {v!r}")
+        two_d = x.shape[-1]
+        d = two_d // 2
+        xs = _row_stride(op, "x", x, two_d)
+        _check_runnable(op, "x", x)
+        target = self.target_name(hw, x.device)
+        out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+        n_rows = x.numel() // two_d
+        if n_rows:
+            key = (target, n_rows, d, x.dtype, act)
+            plan = self._act_plans.get(key)
+            if plan is None:
+                cfg = self.launch["silu_and_mul"][target]
+                plan = _remember(self._act_plans, key, _plan_act_and_mul(n_rows, d, x.element_size(), act, cfg))
+            _run(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info, float(alpha), float(limit)))
+        return out
+
     def rotary_embedding(self, positions, query, key, cos_sin_cache, head_size, is_neox, *, hw=None):
         """Rotates query and key (may be None) in place; returns (query, key)."""
         op = "rotary_embedding"
@@ -155,7 +185,7 @@ class TransformKernels:
         if hs <= 0 or isinstance(head_size, bool) or getattr(head_size, "dtype", None) == torch.bool:
             raise ValueError(f"{op}: head_size must be a positive integer, got {head_size!r}")
         head_size = hs
-        T, nq, qs = _heads_view(op, "query", query, head_size)
+        T, nq, qs, qhs = _heads_view(op, "query", query, head_size)
         if positions.shape[0] != T:
             raise ValueError(
                 f"{op}: positions {tuple(positions.shape)} vs query {tuple(query.shape)}: token counts differ"
@@ -183,30 +213,31 @@ class TransformKernels:
         if T > 1 and positions.stride(0) != 1:
             positions = positions.contiguous()
         _check_device(op, "cos_sin_cache", cos_sin_cache, dev, "query")
-        nk, ks = 0, qs
+        nk, ks, khs = 0, qs, qhs
         if key is not None:
             if key.dtype != query.dtype:
                 raise TypeError(f"{op}: key dtype {key.dtype} != query dtype {query.dtype}")
-            Tk, nk, ks = _heads_view(op, "key", key, head_size)
+            Tk, nk, ks, khs = _heads_view(op, "key", key, head_size)
             if Tk != T:
                 raise ValueError(f"{op}: key {tuple(key.shape)} vs query {tuple(query.shape)}: token counts differ")
             _check_device(op, "key", key, dev, "query")
         target = self.target_name(hw, query.device)
         if T:
             is_neox = bool(is_neox)
-            key_ = (target, T, nq, nk, rot, head_size, is_neox, query.dtype)
+            strided = qhs != head_size or khs != head_size
+            key_ = (target, T, nq, nk, rot, head_size, is_neox, query.dtype, strided)
             plan = self._rope_plans.get(key_)
             if plan is None:
                 cfg = self.launch["rotary_embedding"][target]
                 plan = _remember(
                     self._rope_plans,
                     key_,
-                    _plan_rotary_embedding(T, nq, nk, rot, head_size, is_neox, query.element_size(), cfg),
+                    _plan_rotary_embedding(T, nq, nk, rot, head_size, is_neox, query.element_size(), cfg, strided),
                 )
             nqb, nhb = plan.info
             k_t = key if key is not None else query  # no key blocks are launched without a key
             args = (positions, query, k_t, cos_sin_cache, qs, ks, cos_sin_cache.stride(0))
-            _run(plan, dev, args + (nq, nk, nqb, nhb))
+            _run(plan, dev, args + (nq, nk, nqb, nhb, qhs, khs))
         return query, key
 
 
@@ -246,8 +277,10 @@ def _row_stride(op: str, name: str, t: torch.Tensor, n: int) -> int:
     return n
 
 
-def _heads_view(op: str, name: str, t: torch.Tensor, head_size: int) -> tuple[int, int, int]:
-    """(tokens, heads, row stride) of a [T, H * head_size] or [T, H, head_size] tensor."""
+def _heads_view(op: str, name: str, t: torch.Tensor, head_size: int) -> tuple[int, int, int, int]:
+    """(tokens, heads, row stride, head stride) of a [T, H * head_size] or [T, H, head_size]
+    tensor; a 3-D one's heads may be strided (a view of a fused projection), as long as no two
+    of its elements share memory."""
     if t.dim() == 2:
         if t.shape[1] % head_size:
             raise ValueError(
@@ -261,8 +294,22 @@ def _heads_view(op: str, name: str, t: torch.Tensor, head_size: int) -> tuple[in
         if t.shape[2] != head_size:
             raise ValueError(f"{op}: {name} {tuple(t.shape)} head dim != head_size {head_size}")
         nh = t.shape[1]
-        if t.stride(2) != 1 or (nh > 1 and t.stride(1) != head_size):
-            raise ValueError(f"{op}: {name} {tuple(t.shape)} needs packed heads, strides {t.stride()}")
+        if t.stride(2) != 1 and head_size > 1:
+            raise ValueError(
+                f"{op}: {name} {tuple(t.shape)} needs packed heads (unit last stride), strides {t.stride()}"
+            )
+        hstride = t.stride(1) if nh > 1 else head_size
+        if hstride != head_size:
+            # Strided heads: rotated in place, so the heads of a token and the tokens must not
+            # overlap (tokens apart by more than a token's heads span, or heads apart by more
+            # than all tokens span).
+            T = t.shape[0]
+            rows_apart = T <= 1 or t.stride(0) >= (nh - 1) * hstride + head_size
+            if hstride < head_size or not (rows_apart or hstride >= (T - 1) * t.stride(0) + head_size):
+                raise ValueError(
+                    f"{op}: {name} {tuple(t.shape)} with strides {t.stride()} has overlapping heads or tokens"
+                )
+            return T, nh, t.stride(0), hstride
     else:
         raise ValueError(
             f"{op}: {name} must be [tokens, heads * head_size] or [tokens, heads, head_size], got {tuple(t.shape)}"
@@ -270,7 +317,7 @@ def _heads_view(op: str, name: str, t: torch.Tensor, head_size: int) -> tuple[in
     if t.shape[0] > 1 and t.stride(0) < nh * head_size:
         # Rotated in place: overlapping rows would be rotated more than once.
         raise ValueError(f"{op}: {name} {tuple(t.shape)} has overlapping rows (strides {t.stride()})")
-    return t.shape[0], nh, t.stride(0)
+    return t.shape[0], nh, t.stride(0), head_size
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,6 +518,69 @@ def _plan_silu_and_mul(n_rows: int, d: int, esize: int, cfg: Any) -> _Plan:
 
 
 # ----------------------------------------------------------------------------------------------
+# Other gated activations (vLLM's): one kernel, the activation a constexpr
+
+# ACT of _act_and_mul_kernel per public function.
+_ACTS = {"gelu_tanh_and_mul": 0, "swigluoai_and_mul": 1, "mul_and_silu": 2}
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _act_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    n_rows,
+    d,
+    x_stride,
+    n_col_blocks,
+    alpha,
+    limit,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ACT: tl.constexpr,
+):
+    # _silu_and_mul_kernel's tiles.  ACT 0: gelu_tanh(x[:d]) * x[d:]; 1 (swigluoai, gpt-oss):
+    # pairs (gate, up) = (x[2i], x[2i + 1]), one contiguous load de-interleaved in registers,
+    # gate clamped above at limit, up to [-limit, limit], gate * sigmoid(alpha * gate) * (up + 1);
+    # 2: x[:d] * silu(x[d:]).
+    pid = tl.program_id(0)
+    pr = pid // n_col_blocks
+    pc = pid - pr * n_col_blocks
+    rows = (pr * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = pc * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    if ACT == 1:
+        j = pc * 2 * BLOCK_D + tl.arange(0, 2 * BLOCK_D)
+        pair = tl.load(
+            x_ptr + (rows * x_stride)[:, None] + j[None, :],
+            mask=(rows < n_rows)[:, None] & (j < 2 * d)[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        gate, up = tl.split(tl.reshape(pair, [BLOCK_R, BLOCK_D, 2]))
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        y = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+    else:
+        a_ptrs = x_ptr + (rows * x_stride)[:, None] + cols[None, :]
+        a = tl.load(a_ptrs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(a_ptrs + d, mask=mask, other=0.0).to(tl.float32)
+        if ACT == 0:
+            # 0.5 * (1 + tanh(z)) = sigmoid(2z): no cancellation near 0, exact limits in fp32.
+            z = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+            y = a / (1.0 + tl.exp(-2.0 * z)) * b
+        else:
+            y = a * (b / (1.0 + tl.exp(-b)))
+    out_ptrs = out_ptr + (rows * d)[:, None] + cols[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _plan_act_and_mul(n_rows: int, d: int, esize: int, act: int, cfg: Any) -> _Plan:
+    """silu_and_mul's plan for _act_and_mul_kernel: constexprs (BLOCK_R, BLOCK_D, ACT); info =
+    number of column blocks."""
+    p = _plan_silu_and_mul(n_rows, d, esize, cfg)
+    return _Plan(_act_and_mul_kernel, p.grid, (*p.consts, act), p.num_warps, p.info)
+
+
+# ----------------------------------------------------------------------------------------------
 # Rotary embedding (in place)
 
 
@@ -487,14 +597,19 @@ def _rope_kernel(
     n_k_heads,
     n_q_blocks,
     n_head_blocks,
+    q_head_stride,
+    k_head_stride,
     HEAD_SIZE: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    STRIDED: tl.constexpr = False,
 ):
     # Program (token, block of BLOCK_H heads): head blocks [0, n_q_blocks) are query, the rest
     # key.  The head counts are runtime values so that both branches see a tensor ``nh``.
+    # Heads are HEAD_SIZE apart (packed), or with STRIDED q_head_stride / k_head_stride apart
+    # (views of a fused projection); packed calls never read the head strides.
     pid = tl.program_id(0)
     tok = pid // n_head_blocks
     hb = pid - tok * n_head_blocks
@@ -509,13 +624,18 @@ def _rope_kernel(
         base = q_ptr + tok64 * q_stride
         nh = n_q_heads
         h0 = hb * BLOCK_H
+        hstride = q_head_stride
     else:
         base = k_ptr + tok64 * k_stride
         nh = n_k_heads
         h0 = (hb - n_q_blocks) * BLOCK_H
+        hstride = k_head_stride
     h = h0 + tl.arange(0, BLOCK_H)
     hmask = (h < nh)[:, None]
-    hp = base + (h * HEAD_SIZE)[:, None]
+    if STRIDED:
+        hp = base + (h.to(tl.int64) * hstride)[:, None]
+    else:
+        hp = base + (h * HEAD_SIZE)[:, None]
     if IS_NEOX:
         # Halves: x1 = dims [0, HALF), x2 = dims [HALF, 2 * HALF).
         m = hmask & dmask[None, :]
@@ -544,9 +664,10 @@ def _plan_rotary_embedding(
     is_neox: bool,
     esize: int,
     cfg: Any,
+    strided: bool = False,
 ) -> _Plan:
-    """Constexprs (HEAD_SIZE, HALF, BLOCK_HALF, BLOCK_H, IS_NEOX); info = (query head blocks,
-    head blocks per token)."""
+    """Constexprs (HEAD_SIZE, HALF, BLOCK_HALF, BLOCK_H, IS_NEOX[, STRIDED]); info = (query head
+    blocks, head blocks per token)."""
     vec = max(1, 16 // esize)
     half = rot_dim // 2
     bhalf = _pow2ceil(half)
@@ -566,5 +687,6 @@ def _plan_rotary_embedding(
     nqb = _cdiv(n_q, bh)
     nhb = nqb + _cdiv(n_k, bh)
     w = _fit_warps(bh * bhalf, vec, cfg)
-    consts = (head_size, half, bhalf, bh, is_neox)
+    # STRIDED only where asked: a packed call launches as it always did.
+    consts = (head_size, half, bhalf, bh, is_neox) + ((True,) if strided else ())
     return _Plan(_rope_kernel, n_tokens * nhb, consts, w, (nqb, nhb))

@@ -43,7 +43,8 @@ multiples of 16 elements keep it), in the dtypes asked:
   Operands TMA cannot describe (the grouped fallback of a tma_persistent bucket), K not a
   multiple of block_k, N or K not multiples of 16, and transposed A compile on first use.
 - transform: rms_norm (with and without residual; weight of x's dtype) over hidden_size,
-  silu_and_mul over intermediate_size, rotary_embedding (int64 positions, cos_sin_cache of the
+  silu_and_mul, gelu_tanh_and_mul, swigluoai_and_mul and mul_and_silu over intermediate_size,
+  rotary_embedding (packed heads; int64 positions, cos_sin_cache of the
   query's dtype, rot_dim = head_dim, NeoX and GPT-J) over the model's query and KV heads: one call
   per distinct launch plan over every token count from 1 to ``max_tokens`` (a plan is the kernel,
   its constants, warps and the block counts it passes).  Counts past it are sampled (powers of
@@ -57,16 +58,21 @@ multiples of 16 elements keep it), in the dtypes asked:
   with the model's query and KV heads; decode so that both the decode kernel and the V2 merge
   compile.  A registered vendor decode kernel and the PyTorch path of long sequences compile
   nothing.
-- moe: fused_moe (SiLU, int32 topk_ids, fp32 topk_weights) for each bucket of ``moe_launch`` (at
+- moe: fused_moe (the model's ``moe_activation``, or every activation where it names none; int32
+  topk_ids, fp32 topk_weights, no expert_map) for each bucket of ``moe_launch`` (at
   the first token count up to 2**16 it serves) and each model with experts (its num_experts,
   top_k, moe_intermediate_size, hidden_size; expert weights as zero-stride views of one expert,
   which Triton specializes as it does their real strides, multiples of 16), with the alignment and
   reduce kernels the bucket launches; and topk_softmax over the model's experts, renormalizing
   and not, at a decode token count (a token a program) and above (tiles of tokens: the first
-  prefill's routing compiles nothing either).
+  prefill's routing compiles nothing either); and grouped_topk likewise, for the model's
+  ``moe_scoring`` (or softmax and sigmoid), with and without a correction bias (fp32), with its
+  ``moe_num_expert_group``, ``moe_topk_group`` and ``moe_routed_scaling_factor`` (none where it
+  names none).
 
-Everything else (another dtype, activation, block size or model, a stride of another class)
-compiles on first use as before.
+Everything else (another dtype, activation, block size or model, a stride of another class,
+fused_moe with an ``expert_map``, rotary_embedding on strided heads) compiles on first use as
+before.
 """
 
 from __future__ import annotations
@@ -91,7 +97,9 @@ import triton
 from . import cache as _cache
 from . import launch as _launch
 from . import transform as _transform
-from .moe import _TOPK_ONE_ROW_MAX_T
+from .moe import _ACTIVATIONS as _MOE_ACTIVATIONS
+from .moe import _SCORINGS, _TOPK_ONE_ROW_MAX_T
+from .moe import grouped_topk as _grouped_topk
 from .moe import topk_softmax as _topk_softmax
 
 __all__ = [
@@ -304,6 +312,7 @@ class TransformDriver:
         "rms_norm": _transform._plan_rms_norm,
         "silu_and_mul": _transform._plan_silu_and_mul,
         "rotary_embedding": _transform._plan_rotary_embedding,
+        **{op: _transform._plan_act_and_mul for op in _transform._ACTS},
     }
 
     def __init__(self, module: str, kernels: Any) -> None:
@@ -326,12 +335,17 @@ class TransformDriver:
                         )
                 if inter:
                     jobs.append(("silu_and_mul", (), (inter, esize), (inter,)))
+                    # The other gated activations (a model names none: every one).
+                    for op, act in _transform._ACTS.items():
+                        jobs.append((op, (), (inter, esize, act), (inter,)))
                 if hd and nq and nk:
                     for neox in (True, False):
                         variant = ("neox" if neox else "gptj",)
                         jobs.append(("rotary_embedding", variant, (nq, nk, hd, hd, neox, esize), (nq, nk, hd, neox)))
                 for op, variant, rest, args in jobs:
-                    planner, cfg = self.PLANNERS[op], self.kernels.launch[op][opts.target]
+                    # The other gated activations launch on silu_and_mul's records.
+                    records = self.kernels.launch["silu_and_mul" if op in _transform._ACTS else op]
+                    planner, cfg = self.PLANNERS[op], records[opts.target]
                     for key, n in _pieces(opts, notes, " ".join((op, model, dtype, *variant)), planner, *rest, cfg):
                         covers = (op, model, dtype, *variant, _plan_text(key))
                         calls.append(Call(self.module, op, (opts.target, dtype, n, *args), covers))
@@ -348,6 +362,9 @@ class TransformDriver:
         elif call.op == "silu_and_mul":
             (inter,) = rest
             self.kernels.silu_and_mul(_empty((n, 2 * inter), dt, device), hw=target)
+        elif call.op in _transform._ACTS:
+            (inter,) = rest
+            self.kernels.act_and_mul(call.op, _empty((n, 2 * inter), dt, device), hw=target)
         else:
             nq, nk, hd, neox = rest
             positions = torch.zeros(n, dtype=torch.int64, device=device)
@@ -475,6 +492,8 @@ class MoEDriver:
                 # The buckets this model's expert shape reaches (a bucket for another shape is
                 # another model's to compile).
                 counts = _bucket_counts(lambda t, inter=inter: select(t, inter), buckets, opts)
+                # The model's activation, or (a model that names none) every one fused_moe has.
+                acts = [dims["moe_activation"]] if dims.get("moe_activation") else list(_MOE_ACTIVATIONS)
                 for i, b in enumerate(buckets):
                     if i not in counts:
                         notes.append(
@@ -482,16 +501,40 @@ class MoEDriver:
                             f" at {model}'s expert intermediate size {inter}"
                         )
                         continue
-                    what = ("fused_moe", model, dtype, b.name, b.variant.name)
-                    args = (opts.target, dtype, counts[i], E, k, inter, hidden)
-                    calls.append(Call(self.module, "fused_moe", args, what, 3))
+                    for act in acts:
+                        what = ("fused_moe", model, dtype, b.name, b.variant.name, act)
+                        args = (opts.target, dtype, counts[i], E, k, inter, hidden, act)
+                        calls.append(Call(self.module, "fused_moe", args, what, 3))
                 # A token a program up to _TOPK_ONE_ROW_MAX_T tokens, tiles of tokens above.
                 for path, T in (("one row", 1), ("tiles", _TOPK_ONE_ROW_MAX_T + 1)):
                     for renormalize in (True, False):
                         what = ("topk_softmax", model, dtype, "renormalize" if renormalize else "plain", path)
                         args = (opts.target, dtype, T + 2 if opts.pick == "other" else T, E, k, renormalize)
                         calls.append(Call(self.module, "topk_softmax", args, what))
+                        calls += self._routers(opts, model, dims, dtype, path, T, renormalize)
         return calls, notes
+
+    def _routers(
+        self, opts: Options, model: str, dims: dict, dtype: str, path: str, T: int, renormalize: bool
+    ) -> list[Call]:
+        """grouped_topk's specializations for a model: its scoring (or both), with and without a
+        correction bias, its expert groups and scaling factor (none where it names none); the
+        plain softmax one is topk_softmax's kernel, above."""
+        E, k = dims["num_experts"], dims["top_k"]
+        groups, topk_group = dims.get("moe_num_expert_group") or 1, dims.get("moe_topk_group") or 1
+        scale = dims.get("moe_routed_scaling_factor") or 1.0
+        scorings = [dims["moe_scoring"]] if dims.get("moe_scoring") else list(_SCORINGS)
+        calls = []
+        for scoring in scorings:
+            for bias in (False, True):
+                if scoring == "softmax" and not bias and groups == 1 and scale == 1.0:
+                    continue
+                what = ("grouped_topk", model, dtype, scoring, "bias" if bias else "no bias",
+                        "renormalize" if renormalize else "plain", path)  # fmt: skip
+                n = T + 2 if opts.pick == "other" else T
+                args = (opts.target, dtype, n, E, k, renormalize, scoring, bias, groups, topk_group, scale)
+                calls.append(Call(self.module, "grouped_topk", args, what))
+        return calls
 
     @staticmethod
     def _weight(shape: tuple[int, int, int], dt: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -507,13 +550,21 @@ class MoEDriver:
             _, dtype, T, E, k, renormalize = call.args
             _topk_softmax(_empty((T, E), _dtype(dtype), device), k, renormalize)
             return
-        target, dtype, T, E, k, inter, hidden = call.args
+        if call.op == "grouped_topk":
+            _, dtype, T, E, k, renormalize, scoring, bias, groups, topk_group, scale = call.args
+            _grouped_topk(
+                _empty((T, E), _dtype(dtype), device), k, renormalize, scoring_func=scoring,
+                e_score_correction_bias=_empty((E,), torch.float32, device) if bias else None,
+                num_expert_group=groups, topk_group=topk_group, routed_scaling_factor=scale,
+            )  # fmt: skip
+            return
+        target, dtype, T, E, k, inter, hidden, act = call.args
         dt = _dtype(dtype)
         x = _empty((T, hidden), dt, device)
         w1, w2 = self._weight((E, 2 * inter, hidden), dt, device), self._weight((E, hidden, inter), dt, device)
         weights = _empty((T, k), torch.float32, device)
         ids = torch.zeros((T, k), dtype=torch.int32, device=device)
-        self.moe.fused_moe(x, w1, w2, weights, ids, "silu", None, target)
+        self.moe.fused_moe(x, w1, w2, weights, ids, act, None, target)
 
 
 # ----------------------------------------------------------------------------------------------
