@@ -9,6 +9,7 @@ exits 2; nothing that raises ``SpecErrors`` has touched ``generated/``.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -28,16 +29,51 @@ def format_keypath(path: KeyPath) -> str:
     return out or "<top level>"
 
 
+# A value in a message is printed bounded, so that the report itself cannot fail (Python refuses
+# to print an integer of more than 4,300 digits) nor run to pages.
+MAX_VALUE_TEXT = 80
+
+
 def format_value(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return repr(value)
     if isinstance(value, int):
         if value.bit_length() > 332:  # past 100 digits (and Python refuses past 4,300): its size only
-            digits = int(value.bit_length() * 0.30103) + 1
-            return f"{'-' if value < 0 else ''}an integer of about {digits:,} digits"
+            return f"{'-' if value < 0 else ''}an integer of {value.bit_length():,} bits"
         return f"{value:,}"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return bounded(value)
+
+
+def bounded(value: Any, limit: int = MAX_VALUE_TEXT) -> str:
+    """``repr(value)``, cut to ``limit`` characters with the count of those left out; a container
+    holding an integer too large to print is shown by its type and size."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4,300 digits somewhere inside
+        size = f" of {len(value):,} items" if hasattr(value, "__len__") else ""
+        return f"a {type(value).__name__}{size} holding an integer too large to print"
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 3]}... ({len(text) - limit + 3:,} more characters)"
+
+
+def suggest(name: Any, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the known name nearest ``name`` (case ignored), or ``""``."""
+    if not isinstance(name, str):
+        return ""
+    by_lower: dict[str, str] = {}
+    for k in sorted(known):
+        by_lower.setdefault(k.lower(), k)
+    if name.lower() in by_lower:
+        return "" if by_lower[name.lower()] == name else f"; did you mean {by_lower[name.lower()]!r}?"
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+
+
+def unknown(what: str, name: Any, known: Iterable[str]) -> str:
+    """The rule of a name that names nothing: ``unknown vendor; known: a, b; did you mean 'a'?``."""
+    names = sorted(set(known))
+    return f"unknown {what}; known: {', '.join(names) or 'none'}{suggest(name, names)}"
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,13 @@ generated code cannot spell (nan, inf).
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel
 
 from . import rules
-from .errors import KeyPath, SpecErrors, SpecProblem, problem, validate
+from .errors import KeyPath, SpecErrors, SpecProblem, format_value, problem, suggest, unknown, validate
 from .inherit import inherit
 from .models import (
     CITE_REASONS,
@@ -41,7 +40,7 @@ from .models import (
 )
 from .policies import NAME_RE, load_policies, load_tune
 from .records import Check, Config, FrozenMap, Hardware, Model, Module, Project, Source, SpecTree, Vendor, frozen
-from .source import is_dir, listdir, non_finite, out_of_range, read_text, regular_file_problem, toml_error_line
+from .source import is_dir, listdir, parse_toml, read_text, regular_file_problem
 
 SPEC_DIRS = ("vendors", "hardware", "models", "kernels", "modules")
 # Folders a spec tree may leave out: without modules/, only the dispatch module is generated.
@@ -102,30 +101,15 @@ def load(root: Path) -> SpecTree:
             if text is None:
                 continue
             source = Source(rel, text)
-            try:
-                data = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as exc:
-                line = toml_error_line(str(exc))
-                problems.append(problem(rel, (), f"malformed TOML: {exc}", line=line))
-                continue
-            except ValueError as exc:  # e.g. an integer literal of more than 4,300 digits
-                problems.append(problem(rel, (), f"cannot read the TOML: {exc}"))
-                continue
-            for keypath, value in non_finite(data, ()):
-                problems.append(
-                    source.problem(
-                        keypath, "nan and inf are not allowed: generated Python cannot spell them", value=value
-                    )
-                )
-            wide = list(out_of_range(data, ()))
-            for keypath, value in wide:
-                problems.append(
-                    source.problem(keypath, "integers are 64-bit in TOML (-2**63 to 2**63 - 1)", value=value)
-                )
-            if not wide:
+            data = parse_toml(text, rel, source.problem, problems)
+            if data is not None:
                 raw[kind].append((path.stem, source, data))
 
     project = _load_project(spec_root, problems)
+    # A file that cannot be read or parsed is the only thing reported: what other files say of
+    # the specs it would define ("no such hardware spec 'h200'") would be false.
+    if problems:
+        raise SpecErrors(problems)
     vendors = _load_simple(VendorSpec, Vendor, raw["vendors"], problems)
     _check_vendors(vendors, problems)
     hardware = _load_hardware(raw["hardware"], vendors, problems)
@@ -161,7 +145,7 @@ def _without_inherited_repeats(problems: list[SpecProblem]) -> list[SpecProblem]
     config that extends it: keep one report, the parent's own where there is one."""
 
     def key(p: SpecProblem) -> tuple:
-        return (p.file, p.line, p.keypath, _INHERITED_NOTE.sub("", p.rule), p.has_value, repr(p.value))
+        return (p.file, p.line, p.keypath, _INHERITED_NOTE.sub("", p.rule), p.has_value, format_value(p.value))
 
     own = {key(p) for p in problems if not _INHERITED_NOTE.search(p.rule)}
     out, seen = [], set()
@@ -231,13 +215,8 @@ def _load_project(spec_root: Path, problems: list[SpecProblem]) -> Project | Non
     if text is None:
         return None
     source = Source(rel, text)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        problems.append(problem(rel, (), f"malformed TOML: {exc}", line=toml_error_line(str(exc))))
-        return None
-    except ValueError as exc:
-        problems.append(problem(rel, (), f"cannot read the TOML: {exc}"))
+    data = parse_toml(text, rel, source.problem, problems)
+    if data is None:
         return None
     spec = validate(ProjectSpec, data, source, (), problems)
     return None if spec is None else Project(spec.default_target, spec.default_model, source)

@@ -539,3 +539,31 @@ def test_a_doc_is_any_other_line_of_text():
     for text in ['say """hi"""', "C:\\path\\n", "tab\there", "5\u00a0\u00b5s \u00d7 2", "# x", "{{ x }}", ""]:
         assert text_problem(text) is None, text
     assert text_problem("bell\x07") == "must not contain control characters (it has '\\x07')"
+
+
+def test_a_file_that_cannot_be_parsed_is_the_only_problem_reported(project):
+    """Other files' references to what it would define (targets = ["h200"]) are not reported as
+    false 'no such hardware spec' problems."""
+    edit(project / "specs/hardware/h200.toml", "warp_size = 32", "warp_size = = 32")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2, result
+    line = line_of(project / "specs/hardware/h200.toml", "warp_size = = 32")
+    assert result.err.splitlines()[1:] == [result.err.splitlines()[1]], result.err
+    assert f"specs/hardware/h200.toml:{line}: <top level>: malformed TOML" in result.err
+
+
+def test_a_failed_check_points_at_the_key_it_reads(project):
+    """The seed's 3 stages in matmul's mlp_up bucket: the line of the first key the hint names
+    (block_n = 128 would pass), not the bucket's header."""
+    path = project / "specs/kernels/matmul.toml"
+    edit(path, "num_stages = 2", "num_stages = 3", after='name = "mlp_up"')
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    text = path.read_text()
+    at = text.index("block_n = 256", text.index('name = "mlp_up"'))
+    line = text[:at].count("\n") + 1
+    assert line > line_of(path, 'name = "mlp_up"')
+    failures = [l for l in result.err.splitlines() if "fails check 'tiles fit shared memory'" in l]
+    assert failures and all(f"specs/kernels/matmul.toml:{line}: matmul" in l for l in failures), result.err
+    assert all(".bucket[0].block_n: policy nvidia>=120" in l for l in failures), result.err
+    assert all("block_n = 128, or " in l for l in failures), result.err
