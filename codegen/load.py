@@ -175,18 +175,22 @@ def _load_simple(model: type[BaseModel], record: type, entries, problems: list[S
 def _load_hardware(entries, vendors: Mapping[str, Vendor], problems: list[SpecProblem]) -> tuple[Hardware, ...]:
     out = []
     for name, source, data in entries:
-        spec = validate(HardwareSpec, data, source, (), problems)
-        if spec is None:
-            continue
-        if spec.vendor not in vendors:
-            problems.append(
+        found: list[SpecProblem] = []
+        spec = validate(HardwareSpec, data, source, (), found)
+        vendor = data.get("vendor")
+        if isinstance(vendor, str) and vendor not in vendors:
+            # the known vendors and the nearest one, rather than the name pattern they all match
+            found = [p for p in found if p.keypath != ("vendor",)]
+            found.append(
                 source.problem(
                     ("vendor",),
-                    f"unknown vendor; add specs/vendors/{spec.vendor}.toml or use one of "
-                    f"{', '.join(sorted(vendors)) or 'none (specs/vendors/ is empty)'}",
-                    value=spec.vendor,
+                    f"unknown vendor; {f'add specs/vendors/{vendor}.toml or ' if NAME_RE.match(vendor) else ''}use one of "
+                    f"{', '.join(sorted(vendors)) or 'none (specs/vendors/ is empty)'}{suggest(vendor, vendors)}",
+                    value=vendor,
                 )
             )
+        problems += found
+        if spec is None or spec.vendor not in vendors:
             continue
         _check_citations(spec, source, problems)
         out.append(Hardware(name, spec, source))
@@ -233,7 +237,8 @@ def _check_project(
         problems.append(
             project.source.problem(
                 ("default_target",),
-                f"no such hardware spec (known: {', '.join(sorted(hardware))})",
+                f"no such hardware spec (known: {', '.join(sorted(hardware))})"
+                + suggest(project.default_target, hardware),
                 value=project.default_target,
             )
         )
@@ -242,7 +247,9 @@ def _check_project(
         assert project.source is not None
         problems.append(
             project.source.problem(
-                ("default_model",), f"no such model spec (known: {', '.join(sorted(models))})", value=model
+                ("default_model",),
+                f"no such model spec (known: {', '.join(sorted(models))}){suggest(model, models)}",
+                value=model,
             )
         )
     if model is None and len(models) == 1:
@@ -275,7 +282,10 @@ def _check_citations(spec: HardwareSpec, source: Source, problems: list[SpecProb
         if attr not in HW_NUMBERS and attr not in Features.model_fields:
             problems.append(
                 source.problem(
-                    path, f"not a number or feature of the spec (numbers: {', '.join(HW_NUMBERS)})", value=text
+                    path,
+                    f"not a number or feature of the spec (numbers: {', '.join(HW_NUMBERS)})"
+                    + suggest(attr, list(HW_NUMBERS) + list(Features.model_fields)),
+                    value=text,
                 )
             )
             continue
@@ -389,7 +399,7 @@ def _load_config(
             problems.append(
                 source.problem(
                     (name, "models", i),
-                    f"no such model spec (known: {', '.join(sorted(models)) or 'none'})",
+                    f"no such model spec (known: {', '.join(sorted(models)) or 'none'}){suggest(model, models)}",
                     value=model,
                 )
             )
@@ -398,7 +408,9 @@ def _load_config(
         if target not in variants:
             problems.append(
                 source.problem(
-                    (name, "aliases", alias), f"alias must name a variant ({', '.join(variants)})", value=target
+                    (name, "aliases", alias),
+                    f"alias must name a variant ({', '.join(variants)}){suggest(target, variants)}",
+                    value=target,
                 )
             )
         if alias in variants:
@@ -476,7 +488,8 @@ def _load_config(
             problems.append(
                 source.problem(
                     (name, "constants", const),
-                    f"must name a variant or alias ({', '.join(list(variants) + list(spec.aliases))})",
+                    f"must name a variant or alias ({', '.join(list(variants) + list(spec.aliases))})"
+                    + suggest(target, list(variants) + list(spec.aliases)),
                     value=target,
                 )
             )
@@ -553,7 +566,8 @@ def rule_parser(
             problems.append(
                 source.problem(
                     path,
-                    f"rule reads unknown name(s) {', '.join(unknown)}; known: {', '.join(sorted(known | extra))}",
+                    f"rule reads unknown name(s) {', '.join(unknown)}; known: {', '.join(sorted(known | extra))}"
+                    + suggest(unknown[0], known | extra),
                     value=text,
                 )
             )
@@ -573,10 +587,12 @@ def _check_namespace_attrs(expr: rules.Expr, has_model: bool) -> str | None:
     """The attributes a rule may read are the ones resolve.py puts in its namespaces."""
     for ns, attr in sorted(expr.attrs):
         if ns == "hw" and attr not in HW_RULE_ATTRS:
-            return f"'hw.{attr}' is not a hardware attribute (known: {', '.join(HW_RULE_ATTRS)})"
+            return f"'hw.{attr}' is not a hardware attribute (known: {', '.join(HW_RULE_ATTRS)}){suggest(attr, HW_RULE_ATTRS)}"
         if ns == "model":
             if not has_model:
                 return "rule reads 'model' but the config serves no model (models = [])"
             if attr not in MODEL_RULE_ATTRS:
-                return f"'model.{attr}' is not a model attribute (known: {', '.join(MODEL_RULE_ATTRS)})"
+                return f"'model.{attr}' is not a model attribute (known: {', '.join(MODEL_RULE_ATTRS)})" + suggest(
+                    attr, MODEL_RULE_ATTRS
+                )
     return None
