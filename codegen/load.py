@@ -311,12 +311,40 @@ def _check_citations(spec: HardwareSpec, source: Source, problems: list[SpecProb
 
 
 def _check_vendors(vendors: Mapping[str, Vendor], problems: list[SpecProblem]) -> None:
-    """At most one default vendor (the vendor of a device name that names none)."""
+    """Detection can tell the vendors apart: at most one default vendor (the vendor of a device
+    name that names none), each name word one vendor's (any case, as detection matches it), and
+    every vendor detectable: by its name words, as the default, or as the only HIP vendor (a HIP
+    build of torch sees only HIP vendors)."""
     defaults = sorted(v.name for v in vendors.values() if v.spec.default)
     for extra in defaults[1:]:
         problems.append(
             vendors[extra].source.problem(
                 ("default",), f"only one vendor may be the default; specs/vendors/{defaults[0]}.toml is too"
+            )
+        )
+    words: dict[str, str] = {}
+    for v in vendors.values():
+        for i, word in enumerate(v.spec.name_words):
+            other = words.setdefault(word.lower(), v.name)
+            if other != v.name:
+                problems.append(
+                    v.source.problem(
+                        ("name_words", i),
+                        f"name word is also specs/vendors/{other}.toml's (case is ignored); "
+                        "detection would be ambiguous",
+                        value=word,
+                    )
+                )
+    hip = [v.name for v in vendors.values() if v.spec.hip]
+    for v in vendors.values():
+        if v.spec.name_words or v.spec.default or hip == [v.name]:
+            continue
+        problems.append(
+            v.source.problem(
+                ("name_words",),
+                "this vendor can never be detected: it lists no name_words, and is neither the default vendor "
+                "(default = true) nor the only HIP vendor (hip = true); "
+                "list the words of its device names in name_words",
             )
         )
 

@@ -172,3 +172,63 @@ def test_hardware_figures_have_physical_ranges(tmp_path, field, value, fragment)
     root = _tree(tmp_path, **{field: value})
     result = run_cli("--root", str(root), "build")
     assert result.code == 2 and fragment in result.err, result
+
+
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("class", "module name 'class' is a Python keyword: no import statement can name generated/class.py"),
+        ("dispatch", "generated/dispatch.py is built in; name the module otherwise"),
+        ("warmup", "module name 'warmup' is taken: generated/__init__.py defines warmup"),
+    ],
+)
+def test_a_module_name_that_cannot_be_imported_as_its_own_module_is_refused(project, name, fragment):
+    (project / f"specs/modules/{name}.toml").write_text((project / "specs/modules/cache.toml").read_text())
+    before = snapshot(project / "generated")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2 and "Traceback" not in result.err, result
+    (line,) = result.err.splitlines()[1:]
+    assert line.startswith(f"  specs/modules/{name}.toml: <top level>: {fragment}"), result.err
+    assert snapshot(project / "generated") == before
+
+
+VENDOR = 'display_name = "v"\narch_from = "capability"\n'
+
+
+@pytest.mark.parametrize(
+    "vendors, fragment",
+    [
+        (
+            {
+                "nvidia": VENDOR + 'name_words = ["NVIDIA"]\ndefault = true\n',
+                "other": VENDOR + 'name_words = ["nvidia"]\n',
+            },
+            "specs/vendors/other.toml:3: name_words[0]: name word is also specs/vendors/nvidia.toml's (case is ignored)",
+        ),
+        (
+            {"nvidia": VENDOR + 'name_words = ["NVIDIA"]\ndefault = true\n', "other": VENDOR},
+            "specs/vendors/other.toml: name_words: this vendor can never be detected: it lists no name_words",
+        ),
+        (
+            {"nvidia": VENDOR + "default = true\n", "a": VENDOR + "hip = true\n", "b": VENDOR + "hip = true\n"},
+            "specs/vendors/a.toml: name_words: this vendor can never be detected",
+        ),
+    ],
+    ids=["name word of two vendors", "no way to detect", "two HIP vendors without words"],
+)
+def test_detection_can_tell_every_vendor_apart(tmp_path, vendors, fragment):
+    root = make_tree(
+        tmp_path, {"h": hw_toml("nvidia", 90)}, {"tile": TILE.format(block=64, message="m")}, vendors=vendors
+    )
+    result = run_cli("--root", str(root), "check")
+    assert result.code == 2 and fragment in result.err, result
+
+
+def test_a_vendor_without_name_words_is_detected_as_the_default_or_the_only_hip_vendor(tmp_path):
+    vendors = {"nvidia": VENDOR + "default = true\n", "amd": VENDOR + "hip = true\n"}
+    root = make_tree(
+        tmp_path, {"h": hw_toml("nvidia", 90)}, {"tile": TILE.format(block=64, message="m")}, vendors=vendors
+    )
+    from codegen import load
+
+    assert sorted(load.load(root).vendors) == ["amd", "nvidia"]
