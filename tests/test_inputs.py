@@ -56,6 +56,23 @@ def test_integers_past_64_bits_are_spec_errors(tmp_path, value, shown):
     assert not (root / "generated").exists()
 
 
+@pytest.mark.parametrize(
+    "rule, fragment",
+    [
+        ("0x" + "f" * 5000, "invalid rule: a constant of 20,000 bits (more than 512 bits)"),
+        ("'" + "x" * 3000 + "'", "invalid rule: a string constant of 3,000 characters (more than 1,000)"),
+    ],
+    ids=["hex constant of 20,000 bits", "string constant of 3,000 characters"],
+)
+def test_a_huge_constant_in_a_rule_is_refused_and_printed_bounded(tmp_path, rule, fragment):
+    root = _tree(tmp_path, block=f'{{ expr = "{rule}" }}')
+    result = run_cli("--root", str(root), "build")
+    assert result.code == 2 and "Traceback" not in result.err, result
+    (line,) = result.err.splitlines()[1:]
+    assert "tile.base.block.expr: " + fragment in line
+    assert line.endswith(f"... ({len(rule) + 2 - 77:,} more characters))") and len(line) < 300, line
+
+
 def test_a_rule_whose_values_grow_without_bound_is_a_rule_error(tmp_path):
     root = _tree(tmp_path, block='{ expr = "(2 ** 200) * (2 ** 200) * (2 ** 200) // (2 ** 590)" }')
     result = run_cli("--root", str(root), "build")
