@@ -124,6 +124,14 @@ def load(root: Path) -> SpecTree:
         problems.append(problem("specs/hardware", (), "no hardware specs: at least one target is needed"))
     project = _check_project(project, {h.name for h in hardware}, models, problems)
     if problems:
+        # Spec files that did not validate (their own problems are reported): what other files
+        # say of the names they define ("unknown vendor 'amd'") would be false.
+        invalid = {
+            "vendor": {stem for stem, _, _ in raw["vendors"]} - set(vendors),
+            "model": {stem for stem, _, _ in raw["models"]} - set(models),
+            "hardware": {stem for stem, _, _ in raw["hardware"]} - {h.name for h in hardware},
+        }
+        problems = [p for p in problems if not _names_an_invalid_spec(p, invalid)]
         raise SpecErrors(_without_inherited_repeats(problems))
     assert project is not None
     return SpecTree(
@@ -135,6 +143,15 @@ def load(root: Path) -> SpecTree:
         models=FrozenMap(sorted(models.items())),
         configs=configs,
     )
+
+
+def _names_an_invalid_spec(p: SpecProblem, invalid: Mapping[str, set[str]]) -> bool:
+    """Whether ``p`` is only that a key names a spec whose file did not validate."""
+    if not p.has_value or not isinstance(p.value, str) or not p.keypath:
+        return False
+    key = p.keypath[-1] if isinstance(p.keypath[-1], str) else p.keypath[-2] if len(p.keypath) > 1 else None
+    kind = {"vendor": "vendor", "models": "model", "default_model": "model", "default_target": "hardware"}.get(str(key))
+    return kind is not None and p.value in invalid[kind]
 
 
 _INHERITED_NOTE = re.compile(r" \(inherited by [a-z][a-z0-9_]*\)")

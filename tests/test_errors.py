@@ -597,3 +597,19 @@ def test_a_failed_check_points_at_the_key_it_reads(project):
     assert failures and all(f"specs/kernels/matmul.toml:{line}: matmul" in l for l in failures), result.err
     assert all(".bucket[0].block_n: policy nvidia>=120" in l for l in failures), result.err
     assert all("block_n = 128, or " in l for l in failures), result.err
+
+
+def test_a_spec_that_does_not_validate_is_not_also_reported_as_missing(project):
+    """Its own problem is reported; the files naming it (mi300x's vendor, the project's default
+    target and model, moe's models) are not told that it does not exist."""
+    edit(project / "specs/vendors/amd.toml", "hip = true", 'hip = "yes"')
+    edit(project / "specs/models/qwen36.toml", "head_dim = ", 'head_dim = "x" #')
+    edit(project / "specs/hardware/bi_v100.toml", "sm_count = 16 ", 'sm_count = "16" ')
+    result = run_cli("--root", str(project), "check")
+    assert result.code == 2, result
+    lines = result.err.splitlines()[1:]
+    assert [l.split(":")[0].strip() for l in lines] == [
+        "specs/vendors/amd.toml",
+        "specs/hardware/bi_v100.toml",
+        "specs/models/qwen36.toml",
+    ], result.err
