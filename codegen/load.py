@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from pydantic import BaseModel
 
 from . import rules
-from .errors import KeyPath, SpecErrors, SpecProblem, format_value, problem, suggest, unknown, validate
+from .errors import KeyPath, SpecErrors, SpecProblem, format_value, problem, suggest, validate
 from .inherit import inherit
 from .models import (
     CITE_REASONS,
@@ -198,10 +198,11 @@ def _load_hardware(entries, vendors: Mapping[str, Vendor], problems: list[SpecPr
         if isinstance(vendor, str) and vendor not in vendors:
             # the known vendors and the nearest one, rather than the name pattern they all match
             found = [p for p in found if p.keypath != ("vendor",)]
+            add = f"add specs/vendors/{vendor}.toml or " if NAME_RE.match(vendor) else ""
             found.append(
                 source.problem(
                     ("vendor",),
-                    f"unknown vendor; {f'add specs/vendors/{vendor}.toml or ' if NAME_RE.match(vendor) else ''}use one of "
+                    f"unknown vendor; {add}use one of "
                     f"{', '.join(sorted(vendors)) or 'none (specs/vendors/ is empty)'}{suggest(vendor, vendors)}",
                     value=vendor,
                 )
@@ -632,12 +633,12 @@ def _check_namespace_attrs(expr: rules.Expr, has_model: bool) -> str | None:
     """The attributes a rule may read are the ones resolve.py puts in its namespaces."""
     for ns, attr in sorted(expr.attrs):
         if ns == "hw" and attr not in HW_RULE_ATTRS:
-            return f"'hw.{attr}' is not a hardware attribute (known: {', '.join(HW_RULE_ATTRS)}){suggest(attr, HW_RULE_ATTRS)}"
+            known = ", ".join(HW_RULE_ATTRS)
+            return f"'hw.{attr}' is not a hardware attribute (known: {known}){suggest(attr, HW_RULE_ATTRS)}"
         if ns == "model":
             if not has_model:
                 return "rule reads 'model' but the config serves no model (models = [])"
             if attr not in MODEL_RULE_ATTRS:
-                return f"'model.{attr}' is not a model attribute (known: {', '.join(MODEL_RULE_ATTRS)})" + suggest(
-                    attr, MODEL_RULE_ATTRS
-                )
+                known = ", ".join(MODEL_RULE_ATTRS)
+                return f"'model.{attr}' is not a model attribute (known: {known}){suggest(attr, MODEL_RULE_ATTRS)}"
     return None

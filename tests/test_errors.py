@@ -293,7 +293,10 @@ CASES = [
         "specs/hardware/h200.toml",
         "warp_size = 32",
         "warp_sise = 32",
-        ["warp_sise: unknown key (not part of this spec's schema); did you mean 'warp_size' (a required key, missing)?"],
+        [
+            "warp_sise: unknown key (not part of this spec's schema); "
+            "did you mean 'warp_size' (a required key, missing)?"
+        ],
         "warp_sise",
     ),
     (

@@ -220,7 +220,8 @@ VENDOR = 'display_name = "v"\narch_from = "capability"\n'
                 "nvidia": VENDOR + 'name_words = ["NVIDIA"]\ndefault = true\n',
                 "other": VENDOR + 'name_words = ["nvidia"]\n',
             },
-            "specs/vendors/other.toml:3: name_words[0]: name word is also specs/vendors/nvidia.toml's (case is ignored)",
+            "specs/vendors/other.toml:3: name_words[0]: "
+            "name word is also specs/vendors/nvidia.toml's (case is ignored)",
         ),
         (
             {"nvidia": VENDOR + 'name_words = ["NVIDIA"]\ndefault = true\n', "other": VENDOR},
