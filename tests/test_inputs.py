@@ -191,24 +191,6 @@ def test_hardware_figures_have_physical_ranges(tmp_path, field, value, fragment)
     assert result.code == 2 and fragment in result.err, result
 
 
-@pytest.mark.parametrize(
-    "name, fragment",
-    [
-        ("class", "module name 'class' is a Python keyword: no import statement can name generated/class.py"),
-        ("dispatch", "generated/dispatch.py is built in; name the module otherwise"),
-        ("warmup", "module name 'warmup' is taken: generated/__init__.py defines warmup"),
-    ],
-)
-def test_a_module_name_that_cannot_be_imported_as_its_own_module_is_refused(project, name, fragment):
-    (project / f"specs/modules/{name}.toml").write_text((project / "specs/modules/cache.toml").read_text())
-    before = snapshot(project / "generated")
-    result = run_cli("--root", str(project), "build")
-    assert result.code == 2 and "Traceback" not in result.err, result
-    (line,) = result.err.splitlines()[1:]
-    assert line.startswith(f"  specs/modules/{name}.toml: <top level>: {fragment}"), result.err
-    assert snapshot(project / "generated") == before
-
-
 VENDOR = 'display_name = "v"\narch_from = "capability"\n'
 
 
