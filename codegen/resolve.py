@@ -112,6 +112,7 @@ class _CheckFailure:
     where: _Where
     check: str
     message: str
+    record: tuple = ()  # the record's table: failures are merged per table, reported at the first's key
 
 
 def _merge_targets(cfg: Config, problems: list) -> list[SpecProblem]:
@@ -122,7 +123,7 @@ def _merge_targets(cfg: Config, problems: list) -> list[SpecProblem]:
     out: list[Any] = []
     for p in problems:
         if isinstance(p, _CheckFailure):
-            key = (p.keypath, p.where.policy, p.where.rest(), p.check)
+            key = (p.record or p.keypath, p.where.policy, p.where.rest(), p.check)
             if key not in groups:
                 groups[key] = []
                 out.append(key)
@@ -304,7 +305,7 @@ def _evaluate(
         msg = _run_check(check, scope, fixes)
         if msg:
             where = _check_keypath(cfg, check, values, keypath, fixes)
-            problems.append(_CheckFailure(where, context, check.spec.name, msg))
+            problems.append(_CheckFailure(where, context, check.spec.name, msg, keypath))
             failed = True
     return None if failed else tuple(record)
 
