@@ -19,7 +19,7 @@ from typing import Callable
 
 from . import explain, pipeline, render, schema, write
 from .tune import args as tune_args
-from .errors import SpecErrors
+from .errors import SpecErrors, bounded
 from .records import Resolution
 from .render import Rendered, is_generated
 
@@ -102,7 +102,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             try:  # every name an option gives exists, whichever form of show reads it
                 explain.check_names(res, kernel=args.kernel, hw=args.hw)
                 if args.sources and args.kernel is not None:
-                    raise ValueError(f"--sources lists hardware figures; it takes no kernel name (got {args.kernel!r})")
+                    raise ValueError(
+                        f"--sources lists hardware figures; it takes no kernel name (got {bounded(args.kernel)})"
+                    )
             except ValueError as exc:
                 print(f"codegen show: {exc}", file=err)
                 return EXIT_INVALID

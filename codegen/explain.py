@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import rules
-from .errors import suggest
+from .errors import bounded, suggest
 from .records import Config, ExprValue, LiteralValue, PickValue, Policy, Resolution, VariantResolution
 from .resolve import Scope, chain, hw_namespace, model_scope
 
@@ -34,11 +34,11 @@ def check_names(res: Resolution, *, kernel: str | None = None, hw: str | None = 
     and the nearest one otherwise."""
     tree = res.tree
     if kernel is not None and not _matching(res, kernel):
-        raise ValueError(f"unknown kernel {kernel!r}; {_known(kernel, _kernel_names(res))}")
+        raise ValueError(f"unknown kernel {bounded(kernel)}; {_known(kernel, _kernel_names(res))}")
     if hw is not None and hw not in {h.name for h in tree.hardware}:
-        raise ValueError(f"unknown hardware {hw!r} (--hw); {_known(hw, {h.name for h in tree.hardware})}")
+        raise ValueError(f"unknown hardware {bounded(hw)} (--hw); {_known(hw, {h.name for h in tree.hardware})}")
     if model is not None and model not in tree.models:
-        raise ValueError(f"unknown model {model!r} (--model); {_known(model, tree.models)}")
+        raise ValueError(f"unknown model {bounded(model)} (--model); {_known(model, tree.models)}")
 
 
 def _kernel_names(res: Resolution) -> set[str]:
@@ -62,12 +62,12 @@ def explain(res: Resolution, name: str, field: str, hw_name: str, model: str | N
     tree = res.tree
     matches = _matching(res, name)
     if not matches:
-        raise ValueError(f"unknown config or variant {name!r}; {_known(name, _kernel_names(res))}")
+        raise ValueError(f"unknown config or variant {bounded(name)}; {_known(name, _kernel_names(res))}")
     check_names(res, hw=hw_name, model=model)
     cfg = matches[0].config
     if field not in cfg.fields:
         raise ValueError(
-            f"{cfg.record} has no field {field!r}; fields: {', '.join(cfg.fields)}{suggest(field, cfg.fields)}"
+            f"{cfg.record} has no field {bounded(field)}; fields: {', '.join(cfg.fields)}{suggest(field, cfg.fields)}"
         )
     hardware = {hw.name: hw for hw in tree.hardware}
     if cfg.models:
