@@ -19,7 +19,7 @@ from typing import Callable
 
 from . import explain, pipeline, render, schema, write
 from .tune import args as tune_args
-from .errors import SpecErrors
+from .errors import SpecErrors, bounded
 from .records import Resolution
 from .render import Rendered, is_generated
 
@@ -99,8 +99,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             return tune.run(args, root, list(argv if argv is not None else sys.argv[1:]), out, err)
         res = pipeline.run(root, until="tree_to_resolution")
         if args.command == "show":
+            try:  # every name an option gives exists, whichever form of show reads it
+                explain.check_names(res, kernel=args.kernel, hw=args.hw)
+                if args.sources and args.kernel is not None:
+                    raise ValueError(
+                        f"--sources lists hardware figures; it takes no kernel name (got {bounded(args.kernel)})"
+                    )
+            except ValueError as exc:
+                print(f"codegen show: {exc}", file=err)
+                return EXIT_INVALID
             if args.json:
-                json.dump(explain.as_json(res), out, indent=2, sort_keys=True)
+                json.dump(explain.as_json(res, args.kernel, args.hw), out, indent=2, sort_keys=True)
                 out.write("\n")
                 return EXIT_OK
             if args.sources:

@@ -9,6 +9,8 @@ exits 2; nothing that raises ``SpecErrors`` has touched ``generated/``.
 
 from __future__ import annotations
 
+import difflib
+import typing
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -28,16 +30,58 @@ def format_keypath(path: KeyPath) -> str:
     return out or "<top level>"
 
 
+# A value in a message is printed bounded, so that the report itself cannot fail (Python refuses
+# to print an integer of more than 4,300 digits) nor run to pages.
+MAX_VALUE_TEXT = 80
+
+
 def format_value(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return repr(value)
     if isinstance(value, int):
         if value.bit_length() > 332:  # past 100 digits (and Python refuses past 4,300): its size only
-            digits = int(value.bit_length() * 0.30103) + 1
-            return f"{'-' if value < 0 else ''}an integer of about {digits:,} digits"
+            return f"{'-' if value < 0 else ''}an integer of {value.bit_length():,} bits"
         return f"{value:,}"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return bounded(value)
+
+
+def bounded(value: Any, limit: int = MAX_VALUE_TEXT) -> str:
+    """``repr(value)``, cut to ``limit`` characters with the count of those left out; a container
+    holding an integer too large to print is shown by its type and size."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4,300 digits somewhere inside
+        size = f" of {len(value):,} items" if hasattr(value, "__len__") else ""
+        return f"a {type(value).__name__}{size} holding an integer too large to print"
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 3]}... ({len(text) - limit + 3:,} more characters)"
+
+
+def suggest(name: Any, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the known name nearest ``name`` (case ignored), or ``""``."""
+    near = _nearest(name, known)
+    return f"; did you mean {near!r}?" if near is not None else ""
+
+
+def _nearest(name: Any, known: Iterable[str]) -> str | None:
+    """The known name nearest ``name`` (difflib, case ignored), None if none is close or
+    ``name`` is itself known."""
+    if not isinstance(name, str):
+        return None
+    by_lower: dict[str, str] = {}
+    for k in sorted(known):
+        by_lower.setdefault(k.lower(), k)
+    if name.lower() in by_lower:
+        return None if by_lower[name.lower()] == name else by_lower[name.lower()]
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return by_lower[close[0]] if close else None
+
+
+def unknown(what: str, name: Any, known: Iterable[str]) -> str:
+    """The rule of a name that names nothing: ``unknown vendor; known: a, b; did you mean 'a'?``."""
+    names = sorted(set(known))
+    return f"unknown {what}; known: {', '.join(names) or 'none'}{suggest(name, names)}"
 
 
 @dataclass(frozen=True)
@@ -90,16 +134,54 @@ def validate(model: type[BaseModel], data: Any, source: Any, prefix: KeyPath, pr
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        for err in exc.errors(include_url=False):
+        errors = exc.errors(include_url=False)
+        missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
+        # a misspelt required key is one problem: the unknown key, naming the one it misses
+        renamed: set[tuple] = set()
+        for err in errors:
+            if err["type"] == "extra_forbidden":
+                near = _nearest(err["loc"][-1], _keys_at(model, tuple(err["loc"][:-1])))
+                if near is not None and tuple(err["loc"][:-1]) + (near,) in missing:
+                    renamed.add(tuple(err["loc"][:-1]) + (near,))
+        for err in errors:
+            if err["type"] == "missing" and tuple(err["loc"]) in renamed:
+                continue
             loc = prefix + tuple(err["loc"])
             # pydantic reports union members and "[key]" as extra loc parts; drop those.
             loc = tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p.endswith("]"))))
             rule = explain_pydantic(err)
+            if err["type"] == "extra_forbidden":
+                near = _nearest(err["loc"][-1], _keys_at(model, tuple(err["loc"][:-1])))
+                if near is not None:
+                    missed = tuple(err["loc"][:-1]) + (near,) in renamed
+                    rule += f"; did you mean {near!r}{' (a required key, missing)' if missed else ''}?"
             if err["type"] == "missing":
                 problems.append(source.problem(loc, rule))
             else:
                 problems.append(source.problem(loc, rule, value=err.get("input")))
         return None
+
+
+def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys the table at ``loc`` of ``model`` allows (best effort: [] where not found)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, str) and part in current.model_fields:
+            current = _model_in(current.model_fields[part].annotation)
+            if current is None:
+                return []
+        # a list index or a dict key: the model found for the field is its elements'
+    return [f.alias or name for name, f in current.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def explain_pydantic(err: Mapping[str, Any]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import rules
+from .errors import bounded, suggest
 from .records import Config, ExprValue, LiteralValue, PickValue, Policy, Resolution, VariantResolution
 from .resolve import Scope, chain, hw_namespace, model_scope
 
@@ -28,21 +29,47 @@ def _chain(cfg: Config, policy: Policy) -> list[Policy]:
     return out
 
 
+def check_names(res: Resolution, *, kernel: str | None = None, hw: str | None = None, model: str | None = None) -> None:
+    """The names a command's options give exist: ValueError naming the option, the known names
+    and the nearest one otherwise."""
+    tree = res.tree
+    if kernel is not None and not _matching(res, kernel):
+        raise ValueError(f"unknown kernel {bounded(kernel)}; {_known(kernel, _kernel_names(res))}")
+    if hw is not None and hw not in {h.name for h in tree.hardware}:
+        raise ValueError(f"unknown hardware {bounded(hw)} (--hw); {_known(hw, {h.name for h in tree.hardware})}")
+    if model is not None and model not in tree.models:
+        raise ValueError(f"unknown model {bounded(model)} (--model); {_known(model, tree.models)}")
+
+
+def _kernel_names(res: Resolution) -> set[str]:
+    """Every config, variant and alias name."""
+    return {n for v in res.variants for n in (v.variant, v.config.name, *v.config.aliases)}
+
+
+def _known(name: str, known: Any) -> str:
+    return f"known: {', '.join(sorted(known))}{suggest(name, known)}"
+
+
+def _matching(res: Resolution, name: str) -> list[VariantResolution]:
+    """The resolutions a config, variant or alias name selects."""
+    return [
+        vr for vr in res.variants if name in (vr.variant, vr.config.name) or vr.config.aliases.get(name) == vr.variant
+    ]
+
+
 def explain(res: Resolution, name: str, field: str, hw_name: str, model: str | None) -> list[str]:
     """The lines of ``codegen explain``; ValueError (with the reason) for a bad question."""
     tree = res.tree
-    matches = [
-        vr for vr in res.variants if name in (vr.variant, vr.config.name) or vr.config.aliases.get(name) == vr.variant
-    ]
+    matches = _matching(res, name)
     if not matches:
-        known = sorted({v.variant for v in res.variants} | {v.config.name for v in res.variants})
-        raise ValueError(f"unknown config or variant {name!r}; known: {', '.join(known)}")
+        raise ValueError(f"unknown config or variant {bounded(name)}; {_known(name, _kernel_names(res))}")
+    check_names(res, hw=hw_name, model=model)
     cfg = matches[0].config
     if field not in cfg.fields:
-        raise ValueError(f"{cfg.record} has no field {field!r}; fields: {', '.join(cfg.fields)}")
+        raise ValueError(
+            f"{cfg.record} has no field {bounded(field)}; fields: {', '.join(cfg.fields)}{suggest(field, cfg.fields)}"
+        )
     hardware = {hw.name: hw for hw in tree.hardware}
-    if hw_name not in hardware:
-        raise ValueError(f"unknown hardware {hw_name!r}; known: {', '.join(sorted(hardware))}")
     if cfg.models:
         model = model or tree.project.default_model
         if model not in cfg.models:
@@ -153,11 +180,12 @@ def unmeasured(res: Resolution) -> list[str]:
     return lines
 
 
-def as_json(res: Resolution) -> dict[str, Any]:
-    """The resolved tree: every config's records per variant, model and target."""
+def as_json(res: Resolution, kernel: str | None = None, hw: str | None = None) -> dict[str, Any]:
+    """The resolved tree: every config's records per variant, model and target; only the
+    variants ``kernel`` names (a config, variant or alias) and the target ``hw``, when given."""
     tree = res.tree
     configs: dict[str, Any] = {}
-    for vr in res.variants:
+    for vr in res.variants if kernel is None else _matching(res, kernel):
         cfg = configs.setdefault(
             vr.config.name,
             {
@@ -168,21 +196,25 @@ def as_json(res: Resolution) -> dict[str, Any]:
             },
         )
         variant = cfg["variants"].setdefault(vr.variant, {"params": dict(vr.params), "models": {}})
-        variant["models"][vr.model or ""] = _variant_json(vr)
+        variant["models"][vr.model or ""] = _variant_json(vr, hw)
     return {
         "default_target": tree.project.default_target,
         "default_model": tree.project.default_model,
         "hardware": {
-            hw.name: {"vendor": hw.spec.vendor, "arch": hw.spec.arch, "source": hw.source.path} for hw in tree.hardware
+            h.name: {"vendor": h.spec.vendor, "arch": h.spec.arch, "source": h.source.path}
+            for h in tree.hardware
+            if hw is None or h.name == hw
         },
         "models": {name: m.source.path for name, m in tree.models.items()},
         "configs": configs,
     }
 
 
-def _variant_json(vr: VariantResolution) -> dict[str, Any]:
+def _variant_json(vr: VariantResolution, hw: str | None = None) -> dict[str, Any]:
     out = {}
     for target, r in vr.resolved.items():
+        if hw is not None and target != hw:
+            continue
         entry: dict[str, Any] = {
             "policy": r.policy.label,
             "policy_line": vr.config.source.where(r.policy.keypath),

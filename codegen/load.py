@@ -17,14 +17,13 @@ generated code cannot spell (nan, inf).
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel
 
 from . import rules
-from .errors import KeyPath, SpecErrors, SpecProblem, problem, validate
+from .errors import KeyPath, SpecErrors, SpecProblem, format_value, problem, suggest, validate
 from .inherit import inherit
 from .models import (
     CITE_REASONS,
@@ -41,7 +40,7 @@ from .models import (
 )
 from .policies import NAME_RE, load_policies, load_tune
 from .records import Check, Config, FrozenMap, Hardware, Model, Module, Project, Source, SpecTree, Vendor, frozen
-from .source import is_dir, listdir, non_finite, out_of_range, read_text, regular_file_problem, toml_error_line
+from .source import is_dir, listdir, parse_toml, read_text, regular_file_problem
 
 SPEC_DIRS = ("vendors", "hardware", "models", "kernels", "modules")
 # Folders a spec tree may leave out: without modules/, only the dispatch module is generated.
@@ -102,30 +101,15 @@ def load(root: Path) -> SpecTree:
             if text is None:
                 continue
             source = Source(rel, text)
-            try:
-                data = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as exc:
-                line = toml_error_line(str(exc))
-                problems.append(problem(rel, (), f"malformed TOML: {exc}", line=line))
-                continue
-            except ValueError as exc:  # e.g. an integer literal of more than 4,300 digits
-                problems.append(problem(rel, (), f"cannot read the TOML: {exc}"))
-                continue
-            for keypath, value in non_finite(data, ()):
-                problems.append(
-                    source.problem(
-                        keypath, "nan and inf are not allowed: generated Python cannot spell them", value=value
-                    )
-                )
-            wide = list(out_of_range(data, ()))
-            for keypath, value in wide:
-                problems.append(
-                    source.problem(keypath, "integers are 64-bit in TOML (-2**63 to 2**63 - 1)", value=value)
-                )
-            if not wide:
+            data = parse_toml(text, rel, source.problem, problems)
+            if data is not None:
                 raw[kind].append((path.stem, source, data))
 
     project = _load_project(spec_root, problems)
+    # A file that cannot be read or parsed is the only thing reported: what other files say of
+    # the specs it would define ("no such hardware spec 'h200'") would be false.
+    if problems:
+        raise SpecErrors(problems)
     vendors = _load_simple(VendorSpec, Vendor, raw["vendors"], problems)
     _check_vendors(vendors, problems)
     hardware = _load_hardware(raw["hardware"], vendors, problems)
@@ -140,6 +124,14 @@ def load(root: Path) -> SpecTree:
         problems.append(problem("specs/hardware", (), "no hardware specs: at least one target is needed"))
     project = _check_project(project, {h.name for h in hardware}, models, problems)
     if problems:
+        # Spec files that did not validate (their own problems are reported): what other files
+        # say of the names they define ("unknown vendor 'amd'") would be false.
+        invalid = {
+            "vendor": {stem for stem, _, _ in raw["vendors"]} - set(vendors),
+            "model": {stem for stem, _, _ in raw["models"]} - set(models),
+            "hardware": {stem for stem, _, _ in raw["hardware"]} - {h.name for h in hardware},
+        }
+        problems = [p for p in problems if not _names_an_invalid_spec(p, invalid)]
         raise SpecErrors(_without_inherited_repeats(problems))
     assert project is not None
     return SpecTree(
@@ -153,6 +145,15 @@ def load(root: Path) -> SpecTree:
     )
 
 
+def _names_an_invalid_spec(p: SpecProblem, invalid: Mapping[str, set[str]]) -> bool:
+    """Whether ``p`` is only that a key names a spec whose file did not validate."""
+    if not p.has_value or not isinstance(p.value, str) or not p.keypath:
+        return False
+    key = p.keypath[-1] if isinstance(p.keypath[-1], str) else p.keypath[-2] if len(p.keypath) > 1 else None
+    kind = {"vendor": "vendor", "models": "model", "default_model": "model", "default_target": "hardware"}.get(str(key))
+    return kind is not None and p.value in invalid[kind]
+
+
 _INHERITED_NOTE = re.compile(r" \(inherited by [a-z][a-z0-9_]*\)")
 
 
@@ -161,7 +162,7 @@ def _without_inherited_repeats(problems: list[SpecProblem]) -> list[SpecProblem]
     config that extends it: keep one report, the parent's own where there is one."""
 
     def key(p: SpecProblem) -> tuple:
-        return (p.file, p.line, p.keypath, _INHERITED_NOTE.sub("", p.rule), p.has_value, repr(p.value))
+        return (p.file, p.line, p.keypath, _INHERITED_NOTE.sub("", p.rule), p.has_value, format_value(p.value))
 
     own = {key(p) for p in problems if not _INHERITED_NOTE.search(p.rule)}
     out, seen = [], set()
@@ -191,18 +192,23 @@ def _load_simple(model: type[BaseModel], record: type, entries, problems: list[S
 def _load_hardware(entries, vendors: Mapping[str, Vendor], problems: list[SpecProblem]) -> tuple[Hardware, ...]:
     out = []
     for name, source, data in entries:
-        spec = validate(HardwareSpec, data, source, (), problems)
-        if spec is None:
-            continue
-        if spec.vendor not in vendors:
-            problems.append(
+        found: list[SpecProblem] = []
+        spec = validate(HardwareSpec, data, source, (), found)
+        vendor = data.get("vendor")
+        if isinstance(vendor, str) and vendor not in vendors:
+            # the known vendors and the nearest one, rather than the name pattern they all match
+            found = [p for p in found if p.keypath != ("vendor",)]
+            add = f"add specs/vendors/{vendor}.toml or " if NAME_RE.match(vendor) else ""
+            found.append(
                 source.problem(
                     ("vendor",),
-                    f"unknown vendor; add specs/vendors/{spec.vendor}.toml or use one of "
-                    f"{', '.join(sorted(vendors)) or 'none (specs/vendors/ is empty)'}",
-                    value=spec.vendor,
+                    f"unknown vendor; {add}use one of "
+                    f"{', '.join(sorted(vendors)) or 'none (specs/vendors/ is empty)'}{suggest(vendor, vendors)}",
+                    value=vendor,
                 )
             )
+        problems += found
+        if spec is None or spec.vendor not in vendors:
             continue
         _check_citations(spec, source, problems)
         out.append(Hardware(name, spec, source))
@@ -231,13 +237,8 @@ def _load_project(spec_root: Path, problems: list[SpecProblem]) -> Project | Non
     if text is None:
         return None
     source = Source(rel, text)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        problems.append(problem(rel, (), f"malformed TOML: {exc}", line=toml_error_line(str(exc))))
-        return None
-    except ValueError as exc:
-        problems.append(problem(rel, (), f"cannot read the TOML: {exc}"))
+    data = parse_toml(text, rel, source.problem, problems)
+    if data is None:
         return None
     spec = validate(ProjectSpec, data, source, (), problems)
     return None if spec is None else Project(spec.default_target, spec.default_model, source)
@@ -254,7 +255,8 @@ def _check_project(
         problems.append(
             project.source.problem(
                 ("default_target",),
-                f"no such hardware spec (known: {', '.join(sorted(hardware))})",
+                f"no such hardware spec (known: {', '.join(sorted(hardware))})"
+                + suggest(project.default_target, hardware),
                 value=project.default_target,
             )
         )
@@ -263,7 +265,9 @@ def _check_project(
         assert project.source is not None
         problems.append(
             project.source.problem(
-                ("default_model",), f"no such model spec (known: {', '.join(sorted(models))})", value=model
+                ("default_model",),
+                f"no such model spec (known: {', '.join(sorted(models))}){suggest(model, models)}",
+                value=model,
             )
         )
     if model is None and len(models) == 1:
@@ -296,7 +300,10 @@ def _check_citations(spec: HardwareSpec, source: Source, problems: list[SpecProb
         if attr not in HW_NUMBERS and attr not in Features.model_fields:
             problems.append(
                 source.problem(
-                    path, f"not a number or feature of the spec (numbers: {', '.join(HW_NUMBERS)})", value=text
+                    path,
+                    f"not a number or feature of the spec (numbers: {', '.join(HW_NUMBERS)})"
+                    + suggest(attr, list(HW_NUMBERS) + list(Features.model_fields)),
+                    value=text,
                 )
             )
             continue
@@ -322,12 +329,40 @@ def _check_citations(spec: HardwareSpec, source: Source, problems: list[SpecProb
 
 
 def _check_vendors(vendors: Mapping[str, Vendor], problems: list[SpecProblem]) -> None:
-    """At most one default vendor (the vendor of a device name that names none)."""
+    """Detection can tell the vendors apart: at most one default vendor (the vendor of a device
+    name that names none), each name word one vendor's (any case, as detection matches it), and
+    every vendor detectable: by its name words, as the default, or as the only HIP vendor (a HIP
+    build of torch sees only HIP vendors)."""
     defaults = sorted(v.name for v in vendors.values() if v.spec.default)
     for extra in defaults[1:]:
         problems.append(
             vendors[extra].source.problem(
                 ("default",), f"only one vendor may be the default; specs/vendors/{defaults[0]}.toml is too"
+            )
+        )
+    words: dict[str, str] = {}
+    for v in vendors.values():
+        for i, word in enumerate(v.spec.name_words):
+            other = words.setdefault(word.lower(), v.name)
+            if other != v.name:
+                problems.append(
+                    v.source.problem(
+                        ("name_words", i),
+                        f"name word is also specs/vendors/{other}.toml's (case is ignored); "
+                        "detection would be ambiguous",
+                        value=word,
+                    )
+                )
+    hip = [v.name for v in vendors.values() if v.spec.hip]
+    for v in vendors.values():
+        if v.spec.name_words or v.spec.default or hip == [v.name]:
+            continue
+        problems.append(
+            v.source.problem(
+                ("name_words",),
+                "this vendor can never be detected: it lists no name_words, and is neither the default vendor "
+                "(default = true) nor the only HIP vendor (hip = true); "
+                "list the words of its device names in name_words",
             )
         )
 
@@ -410,7 +445,7 @@ def _load_config(
             problems.append(
                 source.problem(
                     (name, "models", i),
-                    f"no such model spec (known: {', '.join(sorted(models)) or 'none'})",
+                    f"no such model spec (known: {', '.join(sorted(models)) or 'none'}){suggest(model, models)}",
                     value=model,
                 )
             )
@@ -419,7 +454,9 @@ def _load_config(
         if target not in variants:
             problems.append(
                 source.problem(
-                    (name, "aliases", alias), f"alias must name a variant ({', '.join(variants)})", value=target
+                    (name, "aliases", alias),
+                    f"alias must name a variant ({', '.join(variants)}){suggest(target, variants)}",
+                    value=target,
                 )
             )
         if alias in variants:
@@ -497,7 +534,8 @@ def _load_config(
             problems.append(
                 source.problem(
                     (name, "constants", const),
-                    f"must name a variant or alias ({', '.join(list(variants) + list(spec.aliases))})",
+                    f"must name a variant or alias ({', '.join(list(variants) + list(spec.aliases))})"
+                    + suggest(target, list(variants) + list(spec.aliases)),
                     value=target,
                 )
             )
@@ -574,7 +612,8 @@ def rule_parser(
             problems.append(
                 source.problem(
                     path,
-                    f"rule reads unknown name(s) {', '.join(unknown)}; known: {', '.join(sorted(known | extra))}",
+                    f"rule reads unknown name(s) {', '.join(unknown)}; known: {', '.join(sorted(known | extra))}"
+                    + suggest(unknown[0], known | extra),
                     value=text,
                 )
             )
@@ -594,10 +633,12 @@ def _check_namespace_attrs(expr: rules.Expr, has_model: bool) -> str | None:
     """The attributes a rule may read are the ones resolve.py puts in its namespaces."""
     for ns, attr in sorted(expr.attrs):
         if ns == "hw" and attr not in HW_RULE_ATTRS:
-            return f"'hw.{attr}' is not a hardware attribute (known: {', '.join(HW_RULE_ATTRS)})"
+            known = ", ".join(HW_RULE_ATTRS)
+            return f"'hw.{attr}' is not a hardware attribute (known: {known}){suggest(attr, HW_RULE_ATTRS)}"
         if ns == "model":
             if not has_model:
                 return "rule reads 'model' but the config serves no model (models = [])"
             if attr not in MODEL_RULE_ATTRS:
-                return f"'model.{attr}' is not a model attribute (known: {', '.join(MODEL_RULE_ATTRS)})"
+                known = ", ".join(MODEL_RULE_ATTRS)
+                return f"'model.{attr}' is not a model attribute (known: {known}){suggest(attr, MODEL_RULE_ATTRS)}"
     return None

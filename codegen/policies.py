@@ -24,7 +24,7 @@ import re
 from typing import Any, Callable, Mapping
 
 from . import rules
-from .errors import KeyPath, SpecProblem, format_keypath, validate
+from .errors import KeyPath, SpecProblem, format_keypath, suggest, unknown, validate
 from .models import (
     AMEND_KEYS,
     BOUND_RE,
@@ -162,7 +162,8 @@ def _amend(r: _Raw, buckets: list[tuple] | None, source: Source, problems: list[
             problems.append(
                 source.problem(
                     keypath + ("bucket",),
-                    f"no such bucket in the policy this one chains from (buckets: {', '.join(names)})",
+                    f"no such bucket in the policy this one chains from (buckets: {', '.join(names)})"
+                    + suggest(bname, names),
                     value=bname,
                 )
             )
@@ -251,9 +252,7 @@ class _Ctx:
             if vendor is None:
                 self.problem(path, "required key 'vendor' is missing")
             elif vendor not in self.vendors:
-                self.problem(
-                    path + ("vendor",), f"unknown vendor; known: {', '.join(sorted(self.vendors))}", value=vendor
-                )
+                self.problem(path + ("vendor",), unknown("vendor", vendor, self.vendors), value=vendor)
             if min_arch is None:
                 self.problem(path, "required key 'min_arch' is missing")
             elif type(min_arch) is not int or min_arch < 0:
@@ -270,7 +269,9 @@ class _Ctx:
                 continue
             if key not in self.fields:
                 self.problem(
-                    path + (key,), f"not a field of {self.record} (fields: {', '.join(self.fields)})", value=value
+                    path + (key,),
+                    f"not a field of {self.record} (fields: {', '.join(self.fields)}){suggest(key, self.fields)}",
+                    value=value,
                 )
                 continue
             parsed = self.value(key, value, path + (key,))
@@ -349,7 +350,8 @@ class _Ctx:
                 if key not in self.fields:
                     self.problem(
                         apath + (key,),
-                        f"not a field of {self.record} (an amend changes field values, not bounds)",
+                        f"not a field of {self.record} (an amend changes field values, not bounds; "
+                        f"fields: {', '.join(self.fields)}){suggest(key, self.fields)}",
                         value=value,
                     )
                     continue
@@ -366,7 +368,11 @@ class _Ctx:
         out = []
         for i, t in enumerate(targets):
             if t not in self.hardware:
-                self.problem(path + (i,), f"no such hardware spec (known: {', '.join(sorted(self.hardware))})", value=t)
+                self.problem(
+                    path + (i,),
+                    f"no such hardware spec (known: {', '.join(sorted(self.hardware))}){suggest(t, self.hardware)}",
+                    value=t,
+                )
             elif self.hardware[t] is None:  # its file failed to load, and says why
                 out.append(t)
             elif self.hardware[t] != vendor:
@@ -415,7 +421,12 @@ class _Ctx:
                 continue
             if key not in self.fields:
                 dims = ", ".join(f"{d}_min/{d}_max" for d in self.dims)
-                self.problem(path + (key,), f"not a field of {self.record} nor a bound ({dims})", value=value)
+                self.problem(
+                    path + (key,),
+                    f"not a field of {self.record} nor a bound ({dims})"
+                    + suggest(key, list(self.fields) + [f"{d}_{k}" for d in self.dims for k in ("min", "max")]),
+                    value=value,
+                )
                 continue
             parsed = self.value(key, value, path + (key,))
             if parsed is not None:
@@ -508,7 +519,11 @@ def load_tune(
     if spec.backend is not None:
         bpath = path + ("backend",)
         if spec.backend.field not in fields:
-            ctx.problem(bpath + ("field",), f"not a field of {record}", value=spec.backend.field)
+            ctx.problem(
+                bpath + ("field",),
+                f"not a field of {record} (fields: {', '.join(fields)}){suggest(spec.backend.field, fields)}",
+                value=spec.backend.field,
+            )
         else:
             for key in ("library", "kernel"):
                 ctx.value(spec.backend.field, getattr(spec.backend, key), bpath + (key,))
@@ -520,14 +535,14 @@ def load_tune(
             if bname not in known:
                 ctx.problem(
                     spath + ("buckets", j),
-                    f"no policy has a bucket of this name ({', '.join(sorted(known))})",
+                    f"no policy has a bucket of this name ({', '.join(sorted(known))}){suggest(bname, known)}",
                     value=bname,
                 )
         axes: dict[str, tuple[Value, ...]] = {}
         for fname, values in space.axes.items():
             apath = spath + ("axes", fname)
             if fname not in fields:
-                ctx.problem(apath, f"not a field of {record} (fields: {', '.join(fields)})")
+                ctx.problem(apath, f"not a field of {record} (fields: {', '.join(fields)}){suggest(fname, fields)}")
                 continue
             if not values:
                 ctx.problem(apath, "an axis needs at least one value")

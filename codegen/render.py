@@ -35,6 +35,7 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import keyword
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -201,7 +202,38 @@ def render(resolution: Resolution) -> Rendered:
                 raise SpecErrors(problems)
         text = env.get_template(module.template).render(**context)
         files[module.path] = GeneratedFile(module.path, text)
+        if module.name == "__init__":
+            problems = check_package_names(resolution, text)
+            if problems:
+                raise SpecErrors(problems)
     return Rendered(files=dict(sorted(files.items())))
+
+
+def check_package_names(resolution: Resolution, init_source: str) -> list[SpecProblem]:
+    """A module may not take a name the package's ``__init__.py`` defines (``warmup``): the
+    module would replace it as an attribute of the package once imported."""
+    try:
+        tree = ast.parse(init_source)
+    except SyntaxError:  # a template bug: format_python reports it
+        return []
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return [
+        m.source.problem(
+            (),
+            f"module name {m.name!r} is taken: generated/__init__.py defines {m.name}, which generated/{m.name}.py "
+            f"would replace as an attribute of the package once imported; rename specs/modules/{m.name}.toml",
+        )
+        for m in resolution.tree.modules
+        if m.name in defined
+    ]
 
 
 def format_python(text: str, name: str) -> str:
@@ -298,7 +330,7 @@ def load_context_function(root: Path, name: str) -> Callable[[dict[str, Any]], d
 
 
 def check_templates(resolution: Resolution) -> list[SpecProblem]:
-    """Every declared module has a name of its own and a template and context file that exist
+    """Every declared module has a name of its own that an import can name and a template and context file that exist
     in a template folder."""
     root = resolution.tree.root
     where = " or ".join(str(d) for d in template_dirs(root)) or f"{root / 'templates'}"
@@ -307,6 +339,14 @@ def check_templates(resolution: Resolution) -> list[SpecProblem]:
     for m in resolution.tree.modules:
         if m.name in builtin:
             problems.append(m.source.problem((), f"generated/{m.name}.py is built in; name the module otherwise"))
+        elif keyword.iskeyword(m.name):
+            problems.append(
+                m.source.problem(
+                    (),
+                    f"module name {m.name!r} is a Python keyword: no import statement can name generated/{m.name}.py; "
+                    "name the module otherwise",
+                )
+            )
         for key, name in (("template", m.spec.template), ("context", m.spec.context)):
             if name is not None and find_template_file(root, name) is None:
                 problems.append(m.source.problem((key,), f"no such file in {where}", value=name))

@@ -112,6 +112,7 @@ class _CheckFailure:
     where: _Where
     check: str
     message: str
+    record: tuple = ()  # the record's table: failures are merged per table, reported at the first's key
 
 
 def _merge_targets(cfg: Config, problems: list) -> list[SpecProblem]:
@@ -122,7 +123,7 @@ def _merge_targets(cfg: Config, problems: list) -> list[SpecProblem]:
     out: list[Any] = []
     for p in problems:
         if isinstance(p, _CheckFailure):
-            key = (p.keypath, p.where.policy, p.where.rest(), p.check)
+            key = (p.record or p.keypath, p.where.policy, p.where.rest(), p.check)
             if key not in groups:
                 groups[key] = []
                 out.append(key)
@@ -300,11 +301,34 @@ def _evaluate(
         record.append((name, value))
     failed = False
     for check in cfg.checks:
-        msg = _run_check(check, scope)
+        fixes: list[str] = []
+        msg = _run_check(check, scope, fixes)
         if msg:
-            problems.append(_CheckFailure(keypath, context, check.spec.name, msg))
+            where = _check_keypath(cfg, check, values, keypath, fixes)
+            problems.append(_CheckFailure(where, context, check.spec.name, msg, keypath))
             failed = True
     return None if failed else tuple(record)
+
+
+def _check_keypath(cfg: Config, check: Check, values: Mapping[str, Value], keypath: tuple, fixes: list[str]) -> tuple:
+    """Where a failed check is reported: the key of a field its rule reads (one whose smaller
+    value would pass first, then one it names, then one read through derived values), set in
+    this record's own table if one is, else where it is inherited from; the record's table when
+    the rule reads no field."""
+    direct = check.rule.names
+    seen, pending = set(direct), list(direct)
+    while pending:
+        rule = cfg.derived.get(pending.pop())
+        for name in rule.names if rule is not None else ():
+            if name not in seen:
+                seen.add(name)
+                pending.append(name)
+    fields = [f for f in fixes if f in values]
+    fields += [f for f in cfg.fields if f in direct and f in values and f not in fields]
+    fields += [f for f in cfg.fields if f in seen and f in values and f not in fields]
+    here = [f for f in fields if tuple(values[f].keypath[: len(keypath)]) == tuple(keypath)]
+    chosen = (here or fields)[:1]
+    return tuple(values[chosen[0]].keypath) if chosen else keypath
 
 
 def _type_error(name: str, ftype: str, choices: tuple | None, value: Any) -> str | None:
@@ -325,7 +349,8 @@ def _type_error(name: str, ftype: str, choices: tuple | None, value: Any) -> str
     return None
 
 
-def _run_check(check: Check, scope: "Scope") -> str | None:
+def _run_check(check: Check, scope: "Scope", fixes: list[str] | None = None) -> str | None:
+    """A failed check's message, or None; the fields whose smaller value would pass go to ``fixes``."""
     env = scope.env()
     try:
         if check.when is not None and not rules.evaluate(check.when, env):
@@ -333,7 +358,7 @@ def _run_check(check: Check, scope: "Scope") -> str | None:
         if rules.evaluate(check.rule, env):
             return None
         detail = rules.explain_failure(check.rule, env)
-        hint = _fitting_value(check, scope)
+        hint = _fitting_value(check, scope, fixes)
         hint = f"; {hint} would pass" if hint else ""
         if check.spec.message:
             return f"{_format_message(check.spec.message, scope)} ({detail}){hint}"
@@ -342,7 +367,7 @@ def _run_check(check: Check, scope: "Scope") -> str | None:
         return str(exc)
 
 
-def _fitting_value(check: Check, scope: "Scope") -> str | None:
+def _fitting_value(check: Check, scope: "Scope", fixes: list[str] | None = None) -> str | None:
     """For a failed check: the largest smaller values of the int fields it reads (directly or
     through derived values) with which the record would pass every check, one field changed at
     a time; e.g. "block_k = 32, or num_stages = 2".  None where no such change passes."""
@@ -362,10 +387,12 @@ def _fitting_value(check: Check, scope: "Scope") -> str | None:
         value = scope.get(name)
         for steps, candidate in enumerate(_smaller(value), start=1):
             if _passes_all(scope.trying(name, candidate)):
-                found.append((steps, f"{name} = {candidate}"))
+                found.append((steps, name, f"{name} = {candidate}"))
                 break
     found.sort(key=lambda f: f[0])
-    return ", or ".join(text for _, text in found[:3]) or None
+    if fixes is not None:
+        fixes += [name for _, name, _ in found]
+    return ", or ".join(text for _, _, text in found[:3]) or None
 
 
 def _smaller(value: int) -> list[int]:

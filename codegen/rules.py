@@ -69,6 +69,11 @@ MAX_INT_BITS = 2 * MAX_POW_BITS
 MAX_STR_LEN = 1000
 
 
+def _cut(text: str, limit: int = 80) -> str:
+    """Rule text quoted in a message, cut to ``limit`` characters with the count left out."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text) - limit + 3:,} more characters)"
+
+
 def _pow(base: Any, exp: Any) -> Any:
     if isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base) > 1:
         if exp * (abs(base).bit_length() - 1) > MAX_POW_BITS:
@@ -147,7 +152,11 @@ def parse(source: str) -> Expr:
                 raise RuleError(f"only calls of {', '.join(sorted(FUNCTIONS))} with positional arguments are allowed")
         elif isinstance(node, ast.Constant):
             if not isinstance(node.value, (int, float, str, bool)):
-                raise RuleError(f"constant {node.value!r} is not allowed")
+                raise RuleError(f"constant {_cut(repr(node.value))} is not allowed")
+            if type(node.value) is int and node.value.bit_length() > MAX_INT_BITS:
+                raise RuleError(f"a constant of {node.value.bit_length():,} bits (more than {MAX_INT_BITS} bits)")
+            if isinstance(node.value, str) and len(node.value) > MAX_STR_LEN:
+                raise RuleError(f"a string constant of {len(node.value):,} characters (more than {MAX_STR_LEN:,})")
         elif isinstance(node, ast.BinOp) and type(node.op) not in _BINOPS:
             raise RuleError(f"operator {type(node.op).__name__} is not allowed")
         elif isinstance(node, ast.Compare) and any(type(op) not in _CMPOPS for op in node.ops):
@@ -219,7 +228,7 @@ def evaluate(expr: Expr, env: Env) -> Any:
     except RuleError:
         raise
     except (ArithmeticError, TypeError, ValueError) as exc:
-        raise RuleError(f"evaluating '{expr.source}' failed: {exc}") from None
+        raise RuleError(f"evaluating '{_cut(expr.source)}' failed: {exc}") from None
 
 
 def _eval(node: ast.AST, env: Env) -> Any:
@@ -228,9 +237,9 @@ def _eval(node: ast.AST, env: Env) -> Any:
 
 def _bounded(value: Any, node: ast.AST) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_INT_BITS:
-        raise RuleError(f"'{ast.unparse(node)}' gives an integer of more than {MAX_INT_BITS} bits")
+        raise RuleError(f"'{_cut(ast.unparse(node))}' gives an integer of more than {MAX_INT_BITS} bits")
     if isinstance(value, str) and len(value) > MAX_STR_LEN:
-        raise RuleError(f"'{ast.unparse(node)}' gives a string of more than {MAX_STR_LEN:,} characters")
+        raise RuleError(f"'{_cut(ast.unparse(node))}' gives a string of more than {MAX_STR_LEN:,} characters")
     return value
 
 
@@ -297,7 +306,7 @@ def explain_failure(expr: Expr, env: Env) -> str:
                 negated = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}[symbol]
                 return f"{_show(left_node, left)} {negated} {_show(comp, right)}"
             left_node, left = comp, right
-    return f"'{ast.unparse(node)}' is false"
+    return f"'{_cut(ast.unparse(node))}' is false"
 
 
 def explain_holds(expr: Expr, env: Env) -> str:
@@ -307,7 +316,7 @@ def explain_holds(expr: Expr, env: Env) -> str:
     if isinstance(node, ast.Compare) and len(node.ops) == 1:
         left, right = _eval(node.left, env), _eval(node.comparators[0], env)
         return f"{_show(node.left, left)} {_CMPOPS[type(node.ops[0])][1]} {_show(node.comparators[0], right)}"
-    return f"'{expr.source}'"
+    return f"'{_cut(expr.source)}'"
 
 
 def _failing_node(node: ast.AST, env: Env) -> ast.AST:
@@ -319,6 +328,6 @@ def _failing_node(node: ast.AST, env: Env) -> ast.AST:
 
 
 def _show(node: ast.AST, value: Any) -> str:
-    text = ast.unparse(node)
+    text = _cut(ast.unparse(node))
     shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
     return shown if isinstance(node, ast.Constant) else f"{text} = {shown}"

@@ -13,8 +13,9 @@ import math
 import os
 import re
 import stat
+import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import KeyPath, SpecProblem, os_reason, problem
 
@@ -195,3 +196,72 @@ def key_lines(text: str) -> dict[tuple, int]:
                 if rest.count(quote) % 2 == 1:
                     in_multiline = quote
     return locations
+
+
+# A decimal integer literal Python will not convert (more than 4,300 digits): tomllib raises a
+# ValueError naming no key or line.  Such literals are swapped for markers to find their keys.
+_LONG_DECIMAL = re.compile(r"(?<![\w.])[+-]?\d(?:_?\d){%d,}(?![\w.])" % 4300)
+
+
+class IntegerSize:
+    """Stands for an integer literal too long to convert, in a problem's value."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits:,} digits"
+
+
+INT64_RULE = "integers are 64-bit in TOML (-2**63 to 2**63 - 1)"
+
+
+def parse_toml(text: str, rel: str, problem_at: Callable[..., SpecProblem], problems: list[SpecProblem]) -> Any:
+    """A spec file's parsed TOML, or None with every problem added: malformed TOML (at its
+    line), integers past 64 bits (decimal literals Python will not convert too, at their key),
+    nan and inf.  ``problem_at(keypath, rule, value=...)`` locates a problem (Source.problem)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        problems.append(problem(rel, (), f"malformed TOML: {exc}", line=toml_error_line(str(exc))))
+        return None
+    except ValueError as exc:  # an integer literal of more than 4,300 digits
+        found = _long_literals(text)
+        if not found:
+            problems.append(problem(rel, (), f"cannot read the TOML: {exc}"))
+        for located, line, digits in found:
+            if located is not None:
+                problems.append(problem_at(located, INT64_RULE, value=IntegerSize(digits)))
+            else:
+                problems.append(problem(rel, (), INT64_RULE, line=line, value=IntegerSize(digits)))
+        return None
+    start = len(problems)
+    for keypath, value in non_finite(data, ()):
+        problems.append(
+            problem_at(keypath, "nan and inf are not allowed: generated Python cannot spell them", value=value)
+        )
+    for keypath, value in out_of_range(data, ()):
+        problems.append(problem_at(keypath, INT64_RULE, value=value))
+    return None if len(problems) > start else data
+
+
+def _long_literals(text: str) -> list[tuple[KeyPath | None, int, int]]:
+    """(key path or None, line, digits) of every decimal literal too long to convert."""
+    matches = list(_LONG_DECIMAL.finditer(text))
+    markers: dict[int, tuple[int, int]] = {}
+    pieces, at = [], 0
+    for i, m in enumerate(matches):
+        marker = 2**64 + i
+        markers[marker] = (text.count("\n", 0, m.start()) + 1, sum(c.isdigit() for c in m.group()))
+        pieces += [text[at : m.start()], str(marker)]
+        at = m.end()
+    pieces.append(text[at:])
+    try:
+        data = tomllib.loads("".join(pieces))
+    except ValueError:  # not where a value goes (in a string, a key): name the line only
+        data = None
+    keys: dict[int, KeyPath] = {}
+    for keypath, value in out_of_range(data, ()) if data is not None else ():
+        if value in markers:
+            keys[value] = keypath
+    return [(keys.get(marker), line, digits) for marker, (line, digits) in markers.items()]

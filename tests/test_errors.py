@@ -277,6 +277,39 @@ CASES = [
         ],
         "copy_blockz",
     ),
+    (
+        "vendor in capitals",
+        "specs/hardware/h200.toml",
+        'vendor = "nvidia"',
+        'vendor = "NVIDIA"',
+        [
+            "specs/hardware/h200.toml:",
+            "vendor: unknown vendor; use one of amd, iluvatar, nvidia; did you mean 'nvidia'? (got 'NVIDIA')",
+        ],
+        'vendor = "NVIDIA"',
+    ),
+    (
+        "misspelt required key",
+        "specs/hardware/h200.toml",
+        "warp_size = 32",
+        "warp_sise = 32",
+        [
+            "warp_sise: unknown key (not part of this spec's schema); "
+            "did you mean 'warp_size' (a required key, missing)?"
+        ],
+        "warp_sise",
+    ),
+    (
+        "misspelt field in a policy",
+        "specs/kernels/moe.toml",
+        "block_size_k = 32\ngroup_size_m = 8",
+        "block_size_k = 32\ngroup_sise_m = 8",
+        [
+            "moe.policy[0].group_sise_m: not a field of MoEConfig (fields: block_size_m, block_size_n, "
+            "block_size_k, group_size_m); did you mean 'group_size_m'? (got 8)"
+        ],
+        "group_sise_m",
+    ),
 ]
 
 
@@ -313,7 +346,7 @@ def test_every_problem_is_reported_at_once(project):
     edit(project / "specs/hardware/a10.toml", 'vendor = "nvidia"', 'vendor = "nvidea"')
     result = run_cli("--root", str(project), "build")
     assert result.code == 2
-    assert "3 problems" in result.err  # the renamed key is also a missing one
+    assert "2 problems" in result.err  # the renamed key is one problem, naming the key it misses
     assert "h200.toml" in result.err and "a10.toml" in result.err
 
 
@@ -539,3 +572,47 @@ def test_a_doc_is_any_other_line_of_text():
     for text in ['say """hi"""', "C:\\path\\n", "tab\there", "5\u00a0\u00b5s \u00d7 2", "# x", "{{ x }}", ""]:
         assert text_problem(text) is None, text
     assert text_problem("bell\x07") == "must not contain control characters (it has '\\x07')"
+
+
+def test_a_file_that_cannot_be_parsed_is_the_only_problem_reported(project):
+    """Other files' references to what it would define (targets = ["h200"]) are not reported as
+    false 'no such hardware spec' problems."""
+    edit(project / "specs/hardware/h200.toml", "warp_size = 32", "warp_size = = 32")
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2, result
+    line = line_of(project / "specs/hardware/h200.toml", "warp_size = = 32")
+    assert result.err.splitlines()[1:] == [result.err.splitlines()[1]], result.err
+    assert f"specs/hardware/h200.toml:{line}: <top level>: malformed TOML" in result.err
+
+
+def test_a_failed_check_points_at_the_key_it_reads(project):
+    """The seed's 3 stages in matmul's mlp_up bucket: the line of the first key the hint names
+    (block_n = 128 would pass), not the bucket's header."""
+    path = project / "specs/kernels/matmul.toml"
+    edit(path, "num_stages = 2", "num_stages = 3", after='name = "mlp_up"')
+    result = run_cli("--root", str(project), "build")
+    assert result.code == 2
+    text = path.read_text()
+    at = text.index("block_n = 256", text.index('name = "mlp_up"'))
+    line = text[:at].count("\n") + 1
+    assert line > line_of(path, 'name = "mlp_up"')
+    failures = [l for l in result.err.splitlines() if "fails check 'tiles fit shared memory'" in l]
+    assert failures and all(f"specs/kernels/matmul.toml:{line}: matmul" in l for l in failures), result.err
+    assert all(".bucket[0].block_n: policy nvidia>=120" in l for l in failures), result.err
+    assert all("block_n = 128, or " in l for l in failures), result.err
+
+
+def test_a_spec_that_does_not_validate_is_not_also_reported_as_missing(project):
+    """Its own problem is reported; the files naming it (mi300x's vendor, the project's default
+    target and model, moe's models) are not told that it does not exist."""
+    edit(project / "specs/vendors/amd.toml", "hip = true", 'hip = "yes"')
+    edit(project / "specs/models/qwen36.toml", "head_dim = ", 'head_dim = "x" #')
+    edit(project / "specs/hardware/bi_v100.toml", "sm_count = 16 ", 'sm_count = "16" ')
+    result = run_cli("--root", str(project), "check")
+    assert result.code == 2, result
+    lines = result.err.splitlines()[1:]
+    assert [l.split(":")[0].strip() for l in lines] == [
+        "specs/vendors/amd.toml",
+        "specs/hardware/bi_v100.toml",
+        "specs/models/qwen36.toml",
+    ], result.err

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 
 from conftest import run_cli
 
@@ -44,9 +46,39 @@ def test_explain_refuses_unknown_names_with_exit_2():
         (("explain", "attention", "nope", "--hw", "h200"), "AttentionConfig has no field 'nope'"),
         (("explain", "attention", "triton_block_n", "--hw", "h300"), "unknown hardware 'h300'"),
         (("explain", "moe", "block_size_m", "--hw", "h200", "--model", "llama31_8b"), "resolved for models qwen36"),
+        (("explain", "atention", "x", "--hw", "h200"), "did you mean 'attention'?"),
+        (("explain", "moe", "block_sise_m", "--hw", "h200"), "did you mean 'block_size_m'?"),
+        (("explain", "moe", "block_size_m", "--hw", "H200"), "unknown hardware 'H200' (--hw); known: a10, a100, b200"),
+        # a config no model changes still refuses a model that does not exist (as dispatch_kernel_config does)
+        (("explain", "rms_norm", "tile_bytes", "--hw", "h200", "--model", "qwen"), "unknown model 'qwen' (--model)"),
     ]:
         result = run_cli(*argv)
         assert result.code == 2 and fragment in result.err, (argv, result)
+        assert result.out == "" and "Traceback" not in result.err
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (("show", "--sources", "--hw", "h2000"), "unknown hardware 'h2000' (--hw)"),
+        (("show", "--sources", "moe"), "--sources lists hardware figures; it takes no kernel name"),
+        (("show", "--json", "--hw", "h2000"), "did you mean 'h200'?"),
+        (("show", "--json", "mo"), "unknown kernel 'mo'"),
+    ],
+)
+def test_show_checks_every_name_its_options_give(argv, fragment):
+    result = run_cli(*argv)
+    assert result.code == 2 and fragment in result.err and result.out == "", result
+
+
+def test_show_json_honours_the_kernel_and_hw():
+    data = json.loads(run_cli("show", "--json", "moe_launch_16bit", "--hw", "h200").out)
+    assert list(data["hardware"]) == ["h200"]
+    assert {c: list(v["variants"]) for c, v in data["configs"].items()} == {"moe_launch": ["moe_launch_16bit"]}
+    assert list(data["configs"]["moe_launch"]["variants"]["moe_launch_16bit"]["models"][""]) == ["h200"]
+    whole = json.loads(run_cli("show", "--json").out)
+    part = whole["configs"]["moe_launch"]["variants"]["moe_launch_16bit"]["models"][""]["h200"]
+    assert data["configs"]["moe_launch"]["variants"]["moe_launch_16bit"]["models"][""]["h200"] == part
 
 
 def test_build_and_show_name_the_targets_no_measured_policy_serves(project):

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, hw_toml, make_tree, run_cli
 
 PLAIN = """
@@ -206,6 +208,22 @@ def test_a_module_spec_may_not_take_a_built_in_name(tmp_path):
     result = run_cli("--root", str(root), "build")
     assert result.code == 2, result
     assert "specs/modules/dispatch.toml: <top level>: generated/dispatch.py is built in" in result.err
+
+
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("class", "module name 'class' is a Python keyword: no import statement can name generated/class.py"),
+        ("warmup", "module name 'warmup' is taken: generated/__init__.py defines warmup, which generated/warmup.py"),
+    ],
+)
+def test_a_module_spec_may_not_take_a_name_its_import_cannot_reach(tmp_path, name, fragment):
+    root = _toy_root(tmp_path, **{name: TOY_MODULE})
+    result = run_cli("--root", str(root), "build")
+    assert result.code == 2 and "Traceback" not in result.err, result
+    (line,) = result.err.splitlines()[1:]
+    assert line.startswith(f"  specs/modules/{name}.toml: <top level>: {fragment}"), result.err
+    assert not (root / "generated").exists()
 
 
 def test_the_shipped_families_declare_every_record_field_their_context_files_read():

@@ -33,8 +33,13 @@ def _tree(tmp_path, block="64", message="block {block} is too large", **hw):
 
 @pytest.mark.parametrize(
     "value, shown",
-    [("2 ** 70", None), (str(2**70), "1,180,591,620,717,411,303,424"), ("1" + "0" * 5000, "Exceeds the limit")],
-    ids=["rule past 64 bits", "literal past 64 bits", "literal of 5,000 digits"],
+    [
+        ("2 ** 70", None),
+        (str(2**70), "1,180,591,620,717,411,303,424"),
+        ("1" + "0" * 5000, "an integer of 5,001 digits"),
+        ("0x" + "f" * 5000, "an integer of 20,000 bits"),
+    ],
+    ids=["rule past 64 bits", "literal past 64 bits", "literal of 5,001 digits", "hex literal of 20,000 bits"],
 )
 def test_integers_past_64_bits_are_spec_errors(tmp_path, value, shown):
     block = f'{{ expr = "{value}" }}' if "**" in value else value
@@ -44,10 +49,28 @@ def test_integers_past_64_bits_are_spec_errors(tmp_path, value, shown):
     if shown is None:
         assert "rule for 'block' gave an integer outside 64 bits" in result.err
     else:
-        assert (
-            "integers are 64-bit in TOML" in result.err or "cannot read the TOML" in result.err
-        ) and shown in result.err
+        # named by file, line and key, its value by its size: Python will not print (or read) it
+        line = TILE.splitlines().index("block = {block}") + 1
+        assert f"specs/kernels/tile.toml:{line}: tile.base.block: integers are 64-bit in TOML" in result.err
+        assert f"(got {shown})" in result.err and result.err.count("\n") == 2, result.err
     assert not (root / "generated").exists()
+
+
+@pytest.mark.parametrize(
+    "rule, fragment",
+    [
+        ("0x" + "f" * 5000, "invalid rule: a constant of 20,000 bits (more than 512 bits)"),
+        ("'" + "x" * 3000 + "'", "invalid rule: a string constant of 3,000 characters (more than 1,000)"),
+    ],
+    ids=["hex constant of 20,000 bits", "string constant of 3,000 characters"],
+)
+def test_a_huge_constant_in_a_rule_is_refused_and_printed_bounded(tmp_path, rule, fragment):
+    root = _tree(tmp_path, block=f'{{ expr = "{rule}" }}')
+    result = run_cli("--root", str(root), "build")
+    assert result.code == 2 and "Traceback" not in result.err, result
+    (line,) = result.err.splitlines()[1:]
+    assert "tile.base.block.expr: " + fragment in line
+    assert line.endswith(f"... ({len(rule) + 2 - 77:,} more characters))") and len(line) < 300, line
 
 
 def test_a_rule_whose_values_grow_without_bound_is_a_rule_error(tmp_path):
@@ -166,3 +189,46 @@ def test_hardware_figures_have_physical_ranges(tmp_path, field, value, fragment)
     root = _tree(tmp_path, **{field: value})
     result = run_cli("--root", str(root), "build")
     assert result.code == 2 and fragment in result.err, result
+
+
+VENDOR = 'display_name = "v"\narch_from = "capability"\n'
+
+
+@pytest.mark.parametrize(
+    "vendors, fragment",
+    [
+        (
+            {
+                "nvidia": VENDOR + 'name_words = ["NVIDIA"]\ndefault = true\n',
+                "other": VENDOR + 'name_words = ["nvidia"]\n',
+            },
+            "specs/vendors/other.toml:3: name_words[0]: "
+            "name word is also specs/vendors/nvidia.toml's (case is ignored)",
+        ),
+        (
+            {"nvidia": VENDOR + 'name_words = ["NVIDIA"]\ndefault = true\n', "other": VENDOR},
+            "specs/vendors/other.toml: name_words: this vendor can never be detected: it lists no name_words",
+        ),
+        (
+            {"nvidia": VENDOR + "default = true\n", "a": VENDOR + "hip = true\n", "b": VENDOR + "hip = true\n"},
+            "specs/vendors/a.toml: name_words: this vendor can never be detected",
+        ),
+    ],
+    ids=["name word of two vendors", "no way to detect", "two HIP vendors without words"],
+)
+def test_detection_can_tell_every_vendor_apart(tmp_path, vendors, fragment):
+    root = make_tree(
+        tmp_path, {"h": hw_toml("nvidia", 90)}, {"tile": TILE.format(block=64, message="m")}, vendors=vendors
+    )
+    result = run_cli("--root", str(root), "check")
+    assert result.code == 2 and fragment in result.err, result
+
+
+def test_a_vendor_without_name_words_is_detected_as_the_default_or_the_only_hip_vendor(tmp_path):
+    vendors = {"nvidia": VENDOR + "default = true\n", "amd": VENDOR + "hip = true\n"}
+    root = make_tree(
+        tmp_path, {"h": hw_toml("nvidia", 90)}, {"tile": TILE.format(block=64, message="m")}, vendors=vendors
+    )
+    from codegen import load
+
+    assert sorted(load.load(root).vendors) == ["amd", "nvidia"]
