@@ -45,7 +45,7 @@ from .source import is_dir, listdir, non_finite, out_of_range, read_text, regula
 
 SPEC_DIRS = ("vendors", "hardware", "models", "kernels", "modules")
 # Folders a spec tree may leave out: without modules/, only the dispatch module is generated.
-OPTIONAL_DIRS = ("modules",)
+OPTIONAL_DIRS = ("models", "modules")  # a tree may have no models (no rule reads model.*)
 # The one file directly under specs/ (optional): default target and model.
 PROJECT_FILE = "project.toml"
 
