@@ -256,9 +256,9 @@ def is_packaged(root: Path, path: Path) -> bool:
 
 
 def shown_path(root: Path, path: Path) -> str:
-    """``path`` as messages name it: relative to the root's parent, like spec files, when under it."""
+    """``path`` as messages name it: relative to the root, like spec files, when under it."""
     try:
-        return path.resolve().relative_to(root.resolve().parent).as_posix()
+        return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return str(path)
 

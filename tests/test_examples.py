@@ -4,6 +4,7 @@ context file, runtime package), built from its root as a user would and run in t
 from __future__ import annotations
 
 import ast
+import re
 import os
 import shutil
 import subprocess
@@ -66,3 +67,38 @@ def test_the_example_runs_each_targets_kernel_in_the_interpreter(axpy_root):
     assert where == str(axpy_root / "generated" / "axpy.py")
     assert blocks == "{'a100': (4096, 4), 'h200': (8192, 8)}"
     assert ok == "ok"
+
+
+def _documented(heading: str) -> set[str]:
+    """The keys docs/templates.md lists in the table under ``heading``."""
+    text = (REPO / "docs" / "templates.md").read_text()
+    section = text.split("\n" + heading + "\n", 1)[1].split("\n#", 1)[0]
+    keys = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            keys.update(re.findall(r"`([^`]+)`", line.split(" | ")[0]))
+    return keys
+
+
+def test_the_template_guide_lists_every_key_of_the_context(axpy_root):
+    import dataclasses
+
+    from codegen import pipeline, render
+
+    res = pipeline.run(axpy_root, until="tree_to_resolution")
+    modules = render.module_list(res)
+    (axpy,) = [dataclasses.replace(m, context_file=None) for m in modules if m.name == "axpy"]
+    context = render.module_context(res, axpy, modules)
+    assert _documented("## The context") == set(context)
+    config = context["configs"]["axpy"]
+    assert _documented('### A config (`configs["axpy"]`)') == set(config)
+    # The default variant: a config without `variants` has one, named after it, without parameters.
+    assert list(config["variants"]) == ["axpy"] and config["variants"]["axpy"]["params"] == {}
+    variant = config["variants"]["axpy"]
+    assert _documented('### A variant (`configs["axpy"]["variants"]["axpy"]`)') == set(variant)
+    # Instantiations and buckets of a bucketed config: this repository's matmul.
+    repo = pipeline.run(REPO, until="tree_to_resolution")
+    matmul = render.module_context(repo, next(m for m in render.module_list(repo) if m.name == "matmul"), ())
+    bucketed = next(iter(matmul["configs"]["matmul"]["variants"].values()))["instantiations"][0]
+    assert _documented("### An instantiation") == set(variant["instantiations"][0]) | set(bucketed)
+    assert _documented("### A bucket (bucketed configs)") == set(bucketed["buckets"][0])

@@ -117,14 +117,14 @@ def test_a_template_mistake_names_the_template_and_its_line(tmp_path, mistake):
     text = TOY_TEMPLATE.replace(marker, replacement)
     (root / "templates" / "toy.py.j2").write_text(text)
     line = _line_of(text, replacement)
-    assert _fails(root) == f"toy/templates/toy.py.j2:{line}: {message}"
+    assert _fails(root) == f"templates/toy.py.j2:{line}: {message}"
 
 
 def test_template_output_that_is_not_python_names_the_template(tmp_path):
     root = _toy_root(tmp_path)
     (root / "templates" / "toy.py.j2").write_text(TOY_TEMPLATE + "\nX = = 1\n")
     problem = _fails(root)
-    assert problem.startswith("toy/templates/toy.py.j2: renders generated/toy.py, which is not valid Python: ")
+    assert problem.startswith("templates/toy.py.j2: renders generated/toy.py, which is not valid Python: ")
     assert "X = = 1" in problem
 
 
@@ -154,7 +154,7 @@ def test_a_context_file_mistake_names_the_file(tmp_path, mistake):
     root = _toy_root(tmp_path)
     (root / "templates" / "toy_context.py").write_text(source)
     problem = _fails(root)
-    where = "toy/templates/toy_context.py" + (f":{line}" if line else "")
+    where = "templates/toy_context.py" + (f":{line}" if line else "")
     assert problem.startswith(f"{where}: "), problem
     assert message in problem, problem
 
@@ -184,4 +184,4 @@ def test_a_context_file_gets_the_project_templates_line_in_a_chain(tmp_path):
             def context(ctx):
                 return {"blocks": _blocks(ctx)}
             """))
-    assert _fails(root).startswith("toy/templates/toy_context.py:3: the context of generated/toy.py: KeyError")
+    assert _fails(root).startswith("templates/toy_context.py:3: the context of generated/toy.py: KeyError")
