@@ -45,21 +45,18 @@ def test_a_closed_pipe_ends_the_output_quietly(argv):
     assert proc.stderr == "", proc.stderr
 
 
-def test_warmup_planning_without_a_gpu_says_what_it_needs_in_one_line():
+def test_warmup_planning_without_a_gpu_says_what_it_needs_in_one_line(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run(
-        [sys.executable, "-m", "policy_runtime.warmup", "--hw", "h200", "--plan"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
-    assert proc.stderr.splitlines() == [
+    import policy_runtime.launch as launch
+    import policy_runtime.warmup as W
+
+    monkeypatch.setattr(launch, "_INTERPRET", False)  # as without TRITON_INTERPRET=1
+    assert W.main(["--hw", "h200", "--plan"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
         "python -m policy_runtime.warmup: there is no GPU here (torch sees no CUDA device): warm-up and its plan "
         "run the calls on one; TRITON_INTERPRET=1 plans them on the CPU"
     ]
