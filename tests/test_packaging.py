@@ -158,6 +158,17 @@ def test_build_check_show_explain_on_a_copy_of_the_specs(installed, built):
     assert shown.returncode == 0, shown.stderr
     tree = json.loads(shown.stdout)
     assert tree and "h200" in shown.stdout
+    # The installed command ends quietly when its reader goes away (`codegen show | head`).
+    python, script, env, work = installed
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        closed = subprocess.run(
+            [str(script), "--root", str(root), "show"], stdout=write, stderr=subprocess.PIPE, text=True, env=env
+        )
+    finally:
+        os.close(write)
+    assert closed.returncode == 141 and closed.stderr == "", closed.stderr
     explained = _run(installed, "--root", str(root), "explain", "attention", "triton_block_n", "--hw", "h200")
     assert explained.returncode == 0, explained.stderr
     assert explained.stdout.startswith("attention_fp16.triton_block_n on h200 (nvidia 90, specs/hardware/h200.toml)")
