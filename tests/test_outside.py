@@ -45,6 +45,13 @@ def test_a_closed_pipe_ends_the_output_quietly(argv):
     assert proc.stderr == "", proc.stderr
 
 
+def test_a_closed_pipe_ends_the_warmup_plan_quietly():
+    pytest.importorskip("torch")
+    argv = [sys.executable, "-m", "policy_runtime.warmup", "--hw", "h200", "--modules", "cache", "--plan"]
+    proc = _to_closed_pipe(argv, env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
 def test_warmup_planning_without_a_gpu_says_what_it_needs_in_one_line(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
