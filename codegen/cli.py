@@ -144,18 +144,22 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return EXIT_INTERNAL
 
 
-# What a shell reports for a command that SIGPIPE ended (`yes | head`: 128 + 13).
-EXIT_CLOSED_PIPE = 141
+# What a shell reports for a command that SIGPIPE ended (`yes | head`: 128 + 13), or SIGINT (128 + 2).
+EXIT_CLOSED_PIPE, EXIT_INTERRUPTED = 141, 130
 
 
 def run() -> int:
     """The ``codegen`` command (and ``python -m codegen``): ``main`` on this process's streams.
     A reader that closes the output early (``codegen show | head``) ends it quietly, as coreutils
-    do: no traceback, exit 141."""
+    do: no traceback, exit 141; Ctrl-C says so in one line, exit 130 (build has put back what it
+    had replaced by then)."""
     try:
         code = main()
         sys.stdout.flush()  # here, not at exit: a reader gone by now is the same closed pipe
         return code
+    except KeyboardInterrupt:
+        print("codegen: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # Python flushes stdout again at exit; point it at the null device so that finds nothing to say.
         try:

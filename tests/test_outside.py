@@ -45,6 +45,17 @@ def test_a_closed_pipe_ends_the_output_quietly(argv):
     assert proc.stderr == "", proc.stderr
 
 
+def test_ctrl_c_ends_codegen_in_one_line(monkeypatch, capsys):
+    import codegen.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    assert cli.run() == 130
+    assert capsys.readouterr().err == "codegen: interrupted\n"
+
+
 def test_a_closed_pipe_ends_the_warmup_plan_quietly():
     pytest.importorskip("torch")
     argv = [sys.executable, "-m", "policy_runtime.warmup", "--hw", "h200", "--modules", "cache", "--plan"]
