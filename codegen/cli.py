@@ -39,6 +39,7 @@ EPILOG = """exit codes:
      or another build holding the tree's lock
   3  internal error (a bug in codegen or its packaged templates): traceback printed
   141  the reader of the output went away (codegen show | head): output ends quietly, as coreutils'
+  130  interrupted (Ctrl-C): one line; build puts back what it had replaced
 
 Without --root, the root is the current directory if it holds specs/, else this checkout's
 (when codegen runs from one); the commands say which they used."""
