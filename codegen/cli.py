@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -36,7 +37,9 @@ EPILOG = """exit codes:
   2  invalid specs or usage: one message per problem (file:line: key path: rule (got value)), no
      traceback, and nothing written; also a spec file or generated/ that cannot be read or written,
      or another build holding the tree's lock
-  3  internal error (a bug in codegen or a template): traceback printed
+  3  internal error (a bug in codegen or its packaged templates): traceback printed
+  141  the reader of the output went away (codegen show | head): output ends quietly, as coreutils'
+  130  interrupted (Ctrl-C): one line; build puts back what it had replaced
 
 Without --root, the root is the current directory if it holds specs/, else this checkout's
 (when codegen runs from one); the commands say which they used."""
@@ -143,10 +146,37 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     except write.OutputError as exc:
         print(f"codegen: {exc}", file=err)
         return EXIT_IO
+    except BrokenPipeError:  # the reader went away: not a bug (run() ends quietly)
+        raise
     except Exception:  # a bug, not bad input: say so, with the traceback
         print("codegen: internal error (please report):", file=err)
         traceback.print_exc(file=err)
         return EXIT_INTERNAL
+
+
+# What a shell reports for a command that SIGPIPE ended (`yes | head`: 128 + 13), or SIGINT (128 + 2).
+EXIT_CLOSED_PIPE, EXIT_INTERRUPTED = 141, 130
+
+
+def run() -> int:
+    """The ``codegen`` command (and ``python -m codegen``): ``main`` on this process's streams.
+    A reader that closes the output early (``codegen show | head``) ends it quietly, as coreutils
+    do: no traceback, exit 141; Ctrl-C says so in one line, exit 130 (build has put back what it
+    had replaced by then)."""
+    try:
+        code = main()
+        sys.stdout.flush()  # here, not at exit: a reader gone by now is the same closed pipe
+        return code
+    except KeyboardInterrupt:
+        print("codegen: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at the null device so that finds nothing to say.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_CLOSED_PIPE
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ template reads the configs its module spec declares (``specs/modules/<name>.toml
 family that needs more than these tables computes it in a context file beside its template
 (``ModuleSpec.context``), from this data.
 
-The context of a module (every name below is a template variable):
+The context of a module (every name below is a template variable; docs/templates.md documents it
+for template authors, with types and an example, and tests/test_examples.py keeps the two equal):
 
 ``header``     the marker line naming the module's spec files.
 ``module``     ``{"name", "path", "doc"}`` of the module being rendered.

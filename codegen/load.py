@@ -44,7 +44,7 @@ from .source import is_dir, listdir, parse_toml, read_text, regular_file_problem
 
 SPEC_DIRS = ("vendors", "hardware", "models", "kernels", "modules")
 # Folders a spec tree may leave out: without modules/, only the dispatch module is generated.
-OPTIONAL_DIRS = ("modules",)
+OPTIONAL_DIRS = ("models", "modules")  # a tree may have no models (no rule reads model.*)
 # The one file directly under specs/ (optional): default target and model.
 PROJECT_FILE = "project.toml"
 

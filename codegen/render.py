@@ -36,7 +36,8 @@ import functools
 import hashlib
 import importlib.util
 import keyword
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -97,6 +98,9 @@ class GeneratedFile:
 
     path: str  # relative to generated/
     source: str  # template output; its first line is the marker line
+    # The template file it was rendered from, as messages name it; None for a packaged template
+    # (output that is not Python is then a bug in codegen, not in the project).
+    template: str | None = field(default=None, compare=False)
 
     @property
     def input_digest(self) -> str:
@@ -104,7 +108,7 @@ class GeneratedFile:
 
     def content(self) -> bytes:
         """The exact bytes of the file: black's output with the stamp as its second line."""
-        return _stamped(self.path, self.source, self.input_digest)
+        return _stamped(self.path, self.source, self.input_digest, self.template)
 
     def is_current(self, data: bytes) -> bool:
         """Is ``data`` what content() would return?  Decided from the stamp, without black."""
@@ -117,8 +121,8 @@ class GeneratedFile:
 
 
 @functools.lru_cache(maxsize=None)
-def _stamped(path: str, source: str, input_digest: str) -> bytes:
-    formatted = format_python(source, path).encode("utf-8")
+def _stamped(path: str, source: str, input_digest: str, template: str | None = None) -> bytes:
+    formatted = format_python(source, path, template).encode("utf-8")
     head, _, body = formatted.partition(b"\n")
     output_digest = _digest(head + b"\n" + body)
     stamp = f"{STAMP}input={input_digest} output={output_digest}".encode()
@@ -172,9 +176,29 @@ def is_generated(text: str) -> bool:
     return first.startswith(MARKER) and first.endswith(MARKER_END)
 
 
+def _printable(value: Any) -> Any:
+    """What ``{{ ... }}`` prints: data, never a function or method (``inst.values`` on a dict is
+    its method: the key is ``inst["values"]``)."""
+    if callable(value) and not isinstance(value, (str, type, jinja2.Undefined)):
+        name = getattr(value, "__name__", type(value).__name__)
+        raise TypeError(
+            f"prints the function or method {name!r}, not data"
+            + (
+                f' (a dict\'s key "{name}" is read as x["{name}"]: x.{name} is the dict\'s method)'
+                if name in _DICT_METHODS
+                else ""
+            )
+        )
+    return value
+
+
+_DICT_METHODS = frozenset(n for n in dir(dict) if not n.startswith("_"))
+
+
 def make_env(root: Path) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(d) for d in template_dirs(root)]),
+        finalize=_printable,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -193,6 +217,7 @@ def render(resolution: Resolution) -> Rendered:
     problems = check_needs(resolution) + check_templates(resolution) + check_selectors(resolution)
     if problems:
         raise SpecErrors(problems)
+    root = resolution.tree.root
     files: dict[str, GeneratedFile] = {}
     for module in modules:
         context = module_context(resolution, module, modules)
@@ -200,8 +225,10 @@ def render(resolution: Resolution) -> Rendered:
             problems = check_record_names(resolution, env, context)
             if problems:
                 raise SpecErrors(problems)
-        text = env.get_template(module.template).render(**context)
-        files[module.path] = GeneratedFile(module.path, text)
+        text = render_template(env, root, module, context)
+        template = find_template_file(root, module.template)
+        shown = None if template is None or is_packaged(root, template) else shown_path(root, template)
+        files[module.path] = GeneratedFile(module.path, text, shown)
         if module.name == "__init__":
             problems = check_package_names(resolution, text)
             if problems:
@@ -236,11 +263,90 @@ def check_package_names(resolution: Resolution, init_source: str) -> list[SpecPr
     ]
 
 
-def format_python(text: str, name: str) -> str:
+# ---------------------------------------------------------------------------
+# Errors in a project's templates and context files: exit 2, naming the file and line
+
+
+class TemplateFileError(Exception):
+    """What is wrong with a template or context file that is not a Python or Jinja error."""
+
+
+@dataclass(frozen=True)
+class TemplateProblem(SpecProblem):
+    """A problem in a template or context file: ``file:line: rule``."""
+
+    def render(self) -> str:
+        return self.file + (f":{self.line}" if self.line else "") + f": {self.rule}"
+
+
+def is_packaged(root: Path, path: Path) -> bool:
+    """Is ``path`` one of the templates that ship with codegen (and not the root's own)?  An
+    error in one of those, with specs that load and resolve, is a bug in codegen."""
+    own = (root / "templates").resolve()
+    path = path.resolve()
+    return path.is_relative_to(packaged_templates().resolve()) and not path.is_relative_to(own)
+
+
+def shown_path(root: Path, path: Path) -> str:
+    """``path`` as messages name it: relative to the root, like spec files, when under it."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _failure(root: Path, files: dict[str, Path], exc: BaseException, what: str) -> TemplateProblem | None:
+    """The problem an exception raised while running a project's template or context file
+    (``files``: name -> path of those it may come from), located at its innermost line in one of
+    them; None when it comes from a packaged file (a bug: re-raise)."""
+    paths = {str(p.resolve()): p for p in files.values()} | {str(p): p for p in files.values()}
+    where, line = None, None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename in paths:
+            where, line = paths[frame.filename], frame.lineno
+    if isinstance(exc, (jinja2.TemplateSyntaxError, SyntaxError)) and exc.filename in paths:
+        where, line = paths[exc.filename], exc.lineno
+    if where is None:
+        where = next(iter(files.values()))
+    if is_packaged(root, where):
+        return None
+    message = exc.message if isinstance(exc, jinja2.TemplateError) and exc.message else str(exc)
+    if not isinstance(exc, TemplateFileError):
+        message = f"{type(exc).__name__}: {message}"
+    if isinstance(exc, TypeError) and "builtin_function_or_method" in message:
+        message += ' (a dict\'s key named like one of its methods is read as x["values"], not x.values)'
+    return TemplateProblem(shown_path(root, where), (), f"{what}: {message}", line=line)
+
+
+def render_template(env: jinja2.Environment, root: Path, module: Module, context: dict[str, Any]) -> str:
+    """The module's template rendered with its context; SpecErrors for an error in a project's
+    own template (its syntax, a missing include, an undefined name, a failing expression)."""
+    try:
+        return env.get_template(module.template).render(**context)
+    except Exception as exc:
+        # The module's template first (named when no frame is in a template), then those it may include.
+        names = [module.template, *sorted(set(env.list_templates(extensions=["j2"])) - {module.template})]
+        files = {n: p for n in names if (p := find_template_file(root, n)) is not None}
+        problem = _failure(root, files, exc, f"rendering generated/{module.path}") if files else None
+        if problem is None:
+            raise
+        raise SpecErrors([problem]) from None
+
+
+def format_python(text: str, name: str, template: str | None = None) -> str:
+    """``text`` formatted by black.  Output that is not Python is the template's fault: a
+    SpecErrors naming ``template`` (a project's own), else a RuntimeError (a bug in codegen)."""
     try:
         return black.format_str(text, mode=BLACK_MODE)
-    except black.InvalidInput as exc:  # a template bug, not a spec problem
-        raise RuntimeError(f"template output for {name} is not valid Python: {exc}") from None
+    except black.InvalidInput as exc:
+        if template is None:
+            raise RuntimeError(f"template output for {name} is not valid Python: {exc}") from None
+        first = (str(exc).splitlines() or [""])[0]  # black: "cannot parse for target version ...: LINE:COL"
+        line = first.rpartition(": ")[2].partition(":")[0]
+        rule = f"renders generated/{name}, which is not valid Python: {first}"
+        if line.isdigit() and 0 < int(line) <= len(lines := text.splitlines()):
+            rule += f" (output line {line}: {lines[int(line) - 1].strip()[:80]!r})"
+        raise SpecErrors([TemplateProblem(template, None, rule)]) from None
 
 
 # ---------------------------------------------------------------------------
@@ -296,9 +402,21 @@ def module_context(resolution: Resolution, module: Module, modules: tuple[Module
     context["module"] = {"name": module.name, "path": module.path, "doc": ctx.comment_text(module.doc)}
     context["header"] = header(module.sources)
     if module.context_file is not None:
-        extra = load_context_function(resolution.tree.root, module.context_file)(context)
+        root = resolution.tree.root
+        path = find_template_file(root, module.context_file)
+        assert path is not None  # check_templates found it
+        try:
+            extra = load_context_function(root, module.context_file)(context)
+        except Exception as exc:
+            problem = _failure(root, {module.context_file: path}, exc, f"the context of generated/{module.path}")
+            if problem is None:
+                raise
+            raise SpecErrors([problem]) from None
         if not isinstance(extra, dict):
-            raise TypeError(f"{module.context_file}: context() must return a dict, not {type(extra).__name__}")
+            rule = f"context(ctx) must return a dict for generated/{module.path}, not {type(extra).__name__}"
+            if is_packaged(root, path):
+                raise TypeError(f"{path}: {rule}")
+            raise SpecErrors([TemplateProblem(shown_path(root, path), (), rule)])
         context.update(extra)
     return context
 
@@ -312,7 +430,7 @@ def _load_module_file(path: str, mtime_ns: int) -> Callable[[dict[str, Any]], di
     spec.loader.exec_module(module)
     fn = getattr(module, "context", None)
     if not callable(fn):
-        raise TypeError(f"{path} defines no context(ctx) function")
+        raise TemplateFileError("defines no context(ctx) function, which codegen calls with the module's context")
     return fn
 
 

@@ -5,7 +5,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
+
+# What a shell reports for a command that SIGPIPE ended (`yes | head`: 128 + 13).
+EXIT_CLOSED_PIPE = 141
+
+
+def quiet_on_closed_pipe(command: Callable[[], int]) -> int:
+    """Run a command-line ``command`` that prints to stdout.  A reader that closes the output
+    early (``python -m generated.dispatch | head -1``) ends it quietly, as coreutils do: no
+    traceback, exit 141."""
+    try:
+        code = command()
+        sys.stdout.flush()  # here, not at exit: a reader gone by now is the same closed pipe
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at the null device so that finds nothing to say.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_CLOSED_PIPE
 
 
 def main(
@@ -20,6 +42,20 @@ def main(
     default_model: Optional[str],
     out: Optional[TextIO] = None,
 ) -> int:
+    if out is None:  # the command line: a reader that goes away early ends it quietly
+        return quiet_on_closed_pipe(
+            lambda: main(
+                argv,
+                hardware=hardware,
+                models=models,
+                kernel_names=kernel_names,
+                lookup=lookup,
+                grid_even_share=grid_even_share,
+                default_target=default_target,
+                default_model=default_model,
+                out=sys.stdout,
+            )
+        )
     parser = argparse.ArgumentParser(
         prog="python -m generated.dispatch", description="Print a target's hardware record and config tables."
     )

@@ -171,6 +171,11 @@ def _dtype(name: str) -> torch.dtype:
 def _device() -> torch.device:
     if _launch._INTERPRET:
         return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "there is no GPU here (torch sees no CUDA device): warm-up and its plan run the calls on one; "
+            "TRITON_INTERPRET=1 plans them on the CPU"
+        )
     return torch.device("cuda", torch.cuda.current_device())
 
 
@@ -1269,6 +1274,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Any = None, err: Any = None)
 
 if __name__ == "__main__":
     # The imported module, not this __main__ copy: worker processes unpickle its classes by name.
+    from policy_runtime.report import quiet_on_closed_pipe
     from policy_runtime.warmup import main as _main
 
-    sys.exit(_main())
+    sys.exit(quiet_on_closed_pipe(_main))
