@@ -37,7 +37,7 @@ model) and, for a config that reads no model, ``table`` (``[(target, symbol)]`` 
 A config's ``models`` lists the models it is resolved for (``[]``: none).
 
 An instantiation (targets of one vendor whose resolved values are equal): ``symbol``
-(``VARIANT_VENDORARCH_DIGEST``, stable while its values are), ``suffix``, ``origin`` (the
+(``VARIANT_VENDOR_DIGEST``, stable while its values are), ``suffix``, ``origin`` (the
 policies and lines it came from), ``targets`` (``"a100 (80), h100 (90)"``), ``target_names``,
 ``values`` (``[(field, literal)]``, plain configs) / ``record`` (``{field: value}``), and for
 bucketed configs ``buckets``: ``[{"index", "name", "note", "bounds": [(dim, "min"|"max",
@@ -108,7 +108,7 @@ def bound_conditions(bounds: Any) -> list[str]:
 
 
 def symbol(vr: VariantResolution, inst: Instantiation) -> str:
-    """Module-level name of one instantiation: ATTENTION_FP16_QWEN36_NVIDIA80_3FA2C1 (the model
+    """Module-level name of one instantiation: ATTENTION_FP16_QWEN36_NVIDIA_3FA2C1 (the model
     only for configs resolved per model)."""
     model = f"_{vr.model}" if vr.model is not None else ""
     return f"{vr.variant}{model}_{inst.suffix}".upper()

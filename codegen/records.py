@@ -344,7 +344,7 @@ class Resolved:
 class Instantiation:
     """A group of targets of one vendor with equal resolved values."""
 
-    suffix: str  # "nvidia80_3fa2c1": vendor, lowest arch in the group, digest of the values
+    suffix: str  # "nvidia_3fa2c1": vendor and digest of the values (no arch: names never move)
     vendor: str
     arch: int
     targets: tuple[str, ...]  # sorted by (arch, name)
