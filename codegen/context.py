@@ -51,7 +51,8 @@ import textwrap
 from typing import Any
 
 from .records import SpecTree
-from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, is_control, is_line_break
+from . import emit_rules
+from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, ModelSpec, is_control, is_line_break
 from .records import Instantiation, Resolution, VariantResolution
 
 # The environment variable that forces the target generated/dispatch.py serves when no hw is given.
@@ -293,6 +294,51 @@ def selector_data(resolution: Resolution, name: str) -> dict[str, Any] | None:
         "matches": [f"{p} is {what}" for p, what in cfg.selector.params.items()],
         "params": list(cfg.selector.params),
         "table": [(key, variant, model) for key, (variant, model) in table.items()],
+        "rules": rules_data(resolution, cfg.name),
+    }
+
+
+def rules_data(resolution: Resolution, name: str) -> dict[str, Any]:
+    """A selector's rules as Python (``emit_rules``): one function per policy of the config,
+    the chain that picks one by vendor and arch at run time (``[(vendor, min_arch, max_arch,
+    targets, function)]`` and the base policy's function or None), and each function argument's
+    value in a call of the selector (a selector parameter, or a literal: a variant parameter the
+    variants share, a model dimension's documented default)."""
+    cfg = resolution.tree.config(name)
+    assert cfg.selector is not None
+    policies = ([cfg.base] if cfg.base is not None else []) + list(cfg.policies)
+    variant_params = sorted({p for params in cfg.variants.values() for p in params})
+    model_dims = emit_rules.model_dims_read(cfg, policies)
+    given = {what: param for param, what in cfg.selector.params.items()}
+    args = []
+    for p in variant_params:
+        values = {repr(params.get(p)) for params in cfg.variants.values()}
+        args.append((p, given.get(p) or (values.pop() if len(values) == 1 else None)))
+    for dim in model_dims:
+        default = ModelSpec.model_fields[dim].default
+        args.append((f"model_{dim}", given.get(f"model.{dim}") or (repr(default) if default is not None else None)))
+    functions = []
+    for pol in policies:
+        fn = emit_rules.emit(cfg, pol, tuple(variant_params), model_dims)
+        functions.append(
+            {
+                "name": fn.name,
+                "policy": pol.label,
+                "line": cfg.source.where(pol.keypath),
+                "args": [p for p in fn.params] + [f"model_{d}" for d in fn.model_dims],
+                "statements": fn.statements,
+            }
+        )
+    chain = [
+        (p.vendor, p.min_arch, p.max_arch, p.targets, emit_rules.function_name(cfg, p)) for p in cfg.policies
+    ]
+    return {
+        "functions": functions,
+        "chain": chain,
+        "base": emit_rules.function_name(cfg, cfg.base) if cfg.base is not None else None,
+        "call": args,
+        "computable": all(value is not None for _, value in args),
+        "missing": [arg for arg, value in args if value is None],
     }
 
 

@@ -1,0 +1,161 @@
+"""The seed-style selectors compute for any dimensions: the spec's rules, compiled into
+generated/dispatch.py, agree with the build's records for every named model and target, and on
+the BI-V100 with the seed's select_attention_config / select_moe_config over a grid that crosses
+every branch of the seed.  Pure Python: no kernel runs."""
+
+import dataclasses
+import importlib.util
+import itertools
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def seed_path():
+    """Where the seed is: the lookup tests/test_seed_api.py uses (one place to re-point)."""
+    return REPO.parent / "shared" / "seeds" / "muh_cc_dispatch.py"
+
+
+@pytest.fixture(scope="module")
+def seed():
+    path = seed_path()
+    assert path.is_file(), f"the seed is expected beside the checkout at {path}"
+    spec = importlib.util.spec_from_file_location("muh_cc_dispatch_seed_grid", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.fixture
+def D(monkeypatch):
+    import generated.dispatch as D
+    import policy_runtime.detect as detect
+
+    monkeypatch.setattr(detect, "_device_available", lambda: False)
+    monkeypatch.setattr(D._DETECTOR, "forced", None)
+    return D
+
+
+DTYPE_SIZES = (1, 2, 4)
+HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256, 384, 512)
+SEQ_LENS = (1, 2048, 8192, 8193, 32768, 32769, 131072, 1 << 20)
+KV_HEADS = (1, 2, 4, 8, 32, 128)
+EXPERTS = (1, 8, 16, 60, 64, 128, 160, 256, 512)
+TOP_K = (1, 2, 4, 6, 8, 16)
+# (hidden_size, intermediate_size) of real models: Qwen3.6 (seed), Mixtral-8x7B, DeepSeek-V3,
+# Qwen3-30B-A3B, Llama-3.1-8B, a small one.
+MOE_DIMS = ((3584, 18944), (4096, 14336), (7168, 2048), (2048, 768), (4096, 14336), (1024, 512))
+
+
+def _plain(record):
+    return dataclasses.asdict(record)
+
+
+def test_computed_records_equal_the_built_tables_for_every_model_and_target(D):
+    """The compiled rules against the build's evaluation: every table entry on every target."""
+    cases = 0
+    for sel, table, chain in (
+        (D.select_attention_config, D._SELECT_ATTENTION_CONFIG, D._SELECT_ATTENTION_CONFIG_CHAIN),
+        (D.select_moe_config, D._SELECT_MOE_CONFIG, D._SELECT_MOE_CONFIG_CHAIN),
+    ):
+        for key, (variant, model) in table.items():
+            for target, hw in D.HARDWARE.items():
+                built = D.dispatch_kernel_config(variant, target, model)
+                # A hand-built copy is not a spec'd record: it goes through the rules.
+                copy = dataclasses.replace(hw, name=f"{target}_copy", sm_count=hw.sm_count + 1)
+                assert chain.serving(copy, D._DETECTOR.hardware_name)[2] is False
+                assert sel(copy, *key) == built, (sel.__name__, key, target)
+                # The function the chain picks for the target, called directly.
+                assert chain.by_target[target] is chain.function(hw.vendor, hw.arch_version, target)
+                cases += 1
+    assert cases == 30
+
+
+def test_attention_on_bi_v100_equals_the_seed_on_a_grid_over_every_branch(D, seed):
+    agree = raised = 0
+    for ds, hd, sl, kv in itertools.product(DTYPE_SIZES, HEAD_DIMS, SEQ_LENS, KV_HEADS):
+        want = seed.select_attention_config(seed.BI_V100, ds, hd, sl, kv)
+        fits = want.triton_block_n * hd * ds * 2 <= seed.BI_V100.max_shared_memory_per_block
+        # generated/attention.py runs fp32 prefill with the 16-bit record, staging
+        # max(16, block_n // 2) rows of 4 bytes: a 16-bit record must fit that too (the seed has
+        # no fp32 kernel).
+        fp32_bytes = max(16, want.triton_block_n // 2) * hd * 4 * 2
+        fits_fp32 = ds != 2 or fp32_bytes <= seed.BI_V100.max_shared_memory_per_block
+        for hw in (D.BI_V100, seed.BI_V100, "bi_v100"):
+            if fits and fits_fp32:
+                got = D.select_attention_config(hw, ds, hd, sl, kv)
+                assert _plain(got) == dataclasses.asdict(want), (ds, hd, sl, kv)
+                agree += 1
+            else:
+                with pytest.raises(ValueError, match="fails check '(kv tiles|the fp32 prefill tile) fit"):
+                    D.select_attention_config(hw, ds, hd, sl, kv)
+                raised += 1
+    assert agree + raised == 3 * len(DTYPE_SIZES) * len(HEAD_DIMS) * len(SEQ_LENS) * len(KV_HEADS)
+    # Raised: head_dim 512 at 2 bytes (the fp32 tile) and at 4 bytes (the seed's own 16-row
+    # floor overflows 48 KB), for every sequence length and KV head count, three hw forms.
+    assert raised == 2 * len(SEQ_LENS) * len(KV_HEADS) * 3
+
+
+def test_moe_on_bi_v100_equals_the_seed_on_a_grid_over_every_branch(D, seed):
+    n = 0
+    blocks = set()
+    for e, k, (h, i) in itertools.product(EXPERTS, TOP_K, MOE_DIMS):
+        if k > e:
+            continue  # no model routes to more experts than it has
+        want = seed.select_moe_config(seed.BI_V100, e, k, h, i)
+        for hw in (D.BI_V100, seed.BI_V100, "bi_v100"):
+            assert _plain(D.select_moe_config(hw, e, k, h, i)) == dataclasses.asdict(want), (e, k, h, i)
+            n += 1
+        blocks.add(want.block_size_m)
+    assert n > 500
+    # The seed's one branch (64 rows from top_k >= 64) is never taken at top-k <= 16; a call
+    # beyond the grid crosses it.
+    want = seed.select_moe_config(seed.BI_V100, 512, 64, 4096, 14336)
+    assert want.block_size_m == 64 == D.select_moe_config(D.BI_V100, 512, 64, 4096, 14336).block_size_m
+    assert blocks == {32}
+
+
+def test_every_target_serves_the_grid(D):
+    """A record or a ValueError naming the check for every input on every target; counted."""
+    served = failed = 0
+    for target in D.HARDWARE:
+        for ds, hd, sl, kv in itertools.product(DTYPE_SIZES, HEAD_DIMS, (1, 131072), (1, 8)):
+            try:
+                rec = D.select_attention_config(target, ds, hd, sl, kv)
+            except ValueError as exc:
+                text = str(exc)
+                assert ("fails check" in text and "allows" in text) or ("no candidate" in text and " = " in text), text
+                failed += 1
+            else:
+                assert isinstance(rec, D.AttentionConfig)
+                served += 1
+        for e, k, (h, i) in itertools.product(EXPERTS, TOP_K, MOE_DIMS[:2]):
+            if k <= e:
+                assert isinstance(D.select_moe_config(target, e, k, h, i), D.MoEConfig)
+    assert served > failed > 0
+
+
+def test_a_failed_check_says_which_check_and_its_numbers(D):
+    with pytest.raises(ValueError) as exc:
+        D.select_attention_config("bi_v100", 4, 512, 4096, 8)
+    text = str(exc.value)
+    assert "fails check 'kv tiles fit shared memory'" in text
+    assert "65,536 B" in text and "49,152 B" in text and "kv_smem_bytes = 65536" in text
+
+
+def test_a_hand_built_record_is_computed_from_its_own_figures(D, seed):
+    # A seed-style record of a part no spec names: Iluvatar arch 110 with twice the shared memory.
+    big = seed.HardwareCapability(arch_version=110, max_shared_memory_per_block=98304, sm_count=24)
+    rec = D.select_attention_config(big, 2, 256, 100000, 4)
+    assert rec.triton_block_n == 64 and rec.triton_num_warps == 4  # 64 * 256 * 2 * 2 fits 96 KB
+    assert D.select_attention_config(seed.BI_V100, 2, 256, 100000, 4).triton_block_n == 32
+    # The generated class, an NVIDIA arch no spec has (sm_75), through the base policy.
+    t4 = D.HardwareCapability(vendor="nvidia", arch_version=75, max_shared_memory_per_block=49152,
+                              max_shared_memory_per_block_optin=65536, async_copy=False, sm_count=40)
+    rec = D.select_attention_config(t4, 2, 128, 4096, 8)
+    # 128 rows * 128 * 2 B * 2 (K and V) * 1 stage = 65,536 B: fits its 64 KB opt-in exactly.
+    assert rec.triton_num_stages == 1 and rec.triton_block_n == 128 and rec.use_native_v1 is False
