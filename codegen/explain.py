@@ -153,6 +153,16 @@ def unmeasured(res: Resolution) -> list[str]:
     return lines
 
 
+def unserved(res: Resolution) -> list[str]:
+    """One line per config and model it does not serve for want of fields its rules read:
+    ``moe: not served for llama31_8b: no num_experts, top_k``."""
+    return [
+        f"{cfg.name}: not served for {model}: no {', '.join(fields)}"
+        for cfg in res.tree.configs
+        for model, fields in cfg.unserved
+    ]
+
+
 def as_json(res: Resolution) -> dict[str, Any]:
     """The resolved tree: every config's records per variant, model and target."""
     tree = res.tree

@@ -263,6 +263,9 @@ class Config:
     selector: SelectorSpec | None = None  # a seed-style selector function for dispatch.py
     constants: FrozenMap[str, str] = FrozenMap()  # module constant -> dispatch name
     tune: Tune | None = None  # how codegen tune measures it; None: not tunable
+    # Models it does not serve, without a ``models`` list, for want of fields its rules read:
+    # (model, missing fields); the build's summary names them.
+    unserved: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def bucketed(self) -> bool:

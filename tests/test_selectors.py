@@ -159,3 +159,54 @@ def test_a_hand_built_record_is_computed_from_its_own_figures(D, seed):
     rec = D.select_attention_config(t4, 2, 128, 4096, 8)
     # 128 rows * 128 * 2 B * 2 (K and V) * 1 stage = 65,536 B: fits its 64 KB opt-in exactly.
     assert rec.triton_num_stages == 1 and rec.triton_block_n == 128 and rec.use_native_v1 is False
+
+
+MIXTRAL = """#:schema ../../schemas/model.schema.json
+display_name = "Mixtral-8x7B"
+head_dim = 128
+num_heads = 32
+num_kv_heads = 8
+hidden_size = 4096
+intermediate_size = 14336
+max_seq_len = 32768
+num_experts = 8
+top_k = 2
+"""
+
+
+def _specs(tmp_path):
+    import shutil
+
+    shutil.copytree(REPO / "specs", tmp_path / "specs")
+    return tmp_path
+
+
+def test_a_new_moe_model_is_served_without_a_models_list(tmp_path):
+    from codegen import pipeline
+
+    root = _specs(tmp_path)
+    (root / "specs/models/mixtral_8x7b.toml").write_text(MIXTRAL)
+    res = pipeline.run(root, until="tree_to_resolution")
+    moe = {vr.model: vr for vr in res.for_config("moe")}
+    assert sorted(moe) == ["mixtral_8x7b", "qwen36"]
+    # Its record on the BI-V100 is the seed's for its dimensions (max_num_seqs: the default 1).
+    rec = dict(moe["mixtral_8x7b"].resolved["bi_v100"].record)
+    assert (rec["block_size_m"], rec["block_size_n"], rec["block_size_k"], rec["group_size_m"]) == (32, 64, 32, 8)
+    assert {vr.model for vr in res.for_config("attention")} == {"llama31_8b", "mixtral_8x7b", "qwen36"}
+
+
+def test_a_dense_model_is_named_once_in_the_summary_or_once_as_an_error(tmp_path):
+    from conftest import run_cli
+
+    root = _specs(tmp_path)
+    shown = run_cli("--root", str(root), "show")
+    assert shown.code == 0
+    assert shown.out.count("not served for") == 1
+    assert "moe: not served for llama31_8b: no num_experts, top_k\n" in shown.out
+    moe = root / "specs/kernels/moe.toml"
+    moe.write_text(moe.read_text().replace('[moe]\nrecord = "MoEConfig"\n', '[moe]\nrecord = "MoEConfig"\nmodels = ["qwen36", "llama31_8b"]\n'))
+    bad = run_cli("--root", str(root), "check")
+    assert bad.code == 2
+    lines = [line for line in bad.err.splitlines() if "llama31_8b" in line]
+    assert len(lines) == 1, bad.err
+    assert "moe.models[1]" in lines[0] and "has no num_experts, top_k" in lines[0] and len(lines[0]) < 300
