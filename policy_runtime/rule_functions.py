@@ -83,6 +83,8 @@ class Chain:
         self.hardware = hardware
         self.by_target = {name: self.function(r.vendor, r.arch_version, name) for name, r in hardware.items()}
         self._spec_ids = {id(r): name for name, r in hardware.items()}
+        # Hardware records built by hand (frozen, so hashable) -> what serving() found for them.
+        self._seen: dict[Any, tuple[Any, Any, bool]] = {}
 
     def function(self, vendor: str, arch: int, name: Any = None) -> Any:
         best = None
@@ -111,6 +113,20 @@ class Chain:
         name = self._spec_ids.get(id(hw))
         if name is not None:
             return hw, self.by_target[name], True
+        try:
+            return self._seen[hw]
+        except (KeyError, TypeError):  # not seen yet, or not hashable
+            pass
+        found = self._serving_record(hw)
+        try:
+            if len(self._seen) >= 64:  # records built per call would grow it without bound
+                self._seen.clear()
+            self._seen[hw] = found
+        except TypeError:
+            pass
+        return found
+
+    def _serving_record(self, hw: Any) -> tuple[Any, Any, bool]:
         vendor, arch = hw.vendor, hw.arch_version
         same = [(n, r) for n, r in self.hardware.items() if r.vendor == vendor and r.arch_version == arch]
         for n, r in same:
