@@ -337,6 +337,8 @@ def rules_data(resolution: Resolution, name: str) -> dict[str, Any]:
         "chain": chain,
         "base": emit_rules.function_name(cfg, cfg.base) if cfg.base is not None else None,
         "call": args,
+        # Function argument -> the selector parameter it comes from (a failed call's hint).
+        "hint_params": {arg: value for arg, value in args if value in cfg.selector.params},
         "computable": all(value is not None for _, value in args),
         "missing": [arg for arg, value in args if value is None],
     }

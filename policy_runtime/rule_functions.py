@@ -9,7 +9,19 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, NoReturn
 
-__all__ = ["ceil_div", "clamp", "pow2_floor", "pow2_ceil", "log2", "check_failed", "no_candidate", "CheckFailed", "Chain"]
+__all__ = [
+    "ceil_div",
+    "clamp",
+    "pow2_floor",
+    "pow2_ceil",
+    "log2",
+    "check_failed",
+    "no_candidate",
+    "with_hint",
+    "RuleFailed",
+    "CheckFailed",
+    "Chain",
+]
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -36,7 +48,11 @@ def log2(x: Any) -> float:
     return math.log2(x)
 
 
-class CheckFailed(ValueError):
+class RuleFailed(ValueError):
+    """A record computed at run time fails: a check, or a pick no candidate satisfies."""
+
+
+class CheckFailed(RuleFailed):
     """A record computed at run time fails one of its config's checks."""
 
     def __init__(self, text: str, check: str):
@@ -68,7 +84,37 @@ def check_failed(check: str, rule: str, message: str, numbers: Mapping[str, Any]
 def no_candidate(message: str, numbers: Mapping[str, Any]) -> NoReturn:
     """Raise ValueError: no candidate of a pick passes its condition (the last one's numbers)."""
     shown = ", ".join(f"{k} = {v!r}" for k, v in numbers.items())
-    raise ValueError(f"{message} (the last: {shown})")
+    raise RuleFailed(f"{message} (the last: {shown})")
+
+
+def _smaller(value: int) -> list[int]:
+    """Powers of two below ``value``, largest first: the dimensions are sizes and counts, and a
+    hint of a 3-byte dtype would help no one."""
+    return [1 << b for b in range(max(value - 1, 0).bit_length() - 1, -1, -1)]
+
+
+def with_hint(exc: RuleFailed, function: Any, hw: Any, dims: Mapping[str, Any], params: Mapping[str, str]) -> RuleFailed:
+    """``exc`` with the largest smaller value of each selector parameter that, the others kept,
+    gives a record passing every check: "; head_dim = 384, or dtype_size = 2 would pass"."""
+    found = []
+    for arg, param in params.items():
+        value = dims[arg]
+        if type(value) is not int:
+            continue
+        for steps, candidate in enumerate(_smaller(value), start=1):
+            try:
+                function(hw, **{**dims, arg: candidate})
+            except RuleFailed:
+                continue
+            found.append((steps, f"{param} = {candidate}"))
+            break
+    found.sort(key=lambda f: f[0])
+    if not found:
+        return exc
+    hinted = type(exc).__new__(type(exc))
+    hinted.__dict__.update(exc.__dict__)
+    hinted.args = (f"{exc}; {', or '.join(text for _, text in found[:3])} would pass",)
+    return hinted
 
 
 class Chain:

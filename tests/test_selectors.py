@@ -145,6 +145,15 @@ def test_a_failed_check_says_which_check_and_its_numbers(D):
     text = str(exc.value)
     assert "fails check 'kv tiles fit shared memory'" in text
     assert "65,536 B" in text and "49,152 B" in text and "kv_smem_bytes = 65536" in text
+    # Which smaller dimension would pass: head_dim 256 (32 rows * 256 * 4 B * 2 = 65,536: no,
+    # 16 rows: 32,768), or 1-byte elements (32 rows * 512 * 2 = 32,768; 2 bytes fails the fp32 tile).
+    assert text.endswith("; head_dim = 256, or dtype_size = 1 would pass"), text
+    # A pick no candidate satisfies: the last candidate's numbers, and the hint.
+    with pytest.raises(ValueError) as exc:
+        D.select_attention_config("a10", 4, 512, 4096, 8)
+    text = str(exc.value)
+    assert "no candidate for 'triton_block_n' in [128, 64, 32, 16]" in text and "kv_smem_bytes = 131072" in text
+    assert "head_dim = 256" in text and "would pass" in text
 
 
 def test_a_hand_built_record_is_computed_from_its_own_figures(D, seed):
