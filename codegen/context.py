@@ -21,7 +21,8 @@ The context of a module (every name below is a template variable):
 ``models``     ``[{"name", "display_name", "source", "dims": [(dim, literal)], "constants":
                [(NAME, literal)]}]``.
 ``selectors``  ``[{"name", "record", "config", "matches", "params", "table": [(key, variant,
-               model)]}]`` of the configs read.
+               model)], "rules"}]`` of the configs read (``rules``: ``rules_data``, the policies'
+               rules as Python functions).
 ``default_target``, ``default_model``  specs/project.toml's (or None); ``default_records``:
                config -> the symbol of its record on them; ``config_constants``:
                ``[(constant, symbol, dispatch name)]``.
