@@ -123,10 +123,13 @@ class Chain:
     arch (one limited to named targets that include it winning at one threshold), not past its
     ``max_arch``; else the base policy's function."""
 
-    def __init__(self, entries: tuple, base: Any, hardware: Mapping[str, Any]):
+    def __init__(self, entries: tuple, base: Any, hardware: Mapping[str, Any], record_type: Any):
         self.entries = entries
         self.base = base
         self.hardware = hardware
+        # The hardware record class; its defaults (the default target's figures) fill a record of
+        # a vendor no spec has.
+        self.record_type = record_type
         self.by_target = {name: self.function(r.vendor, r.arch_version, name) for name, r in hardware.items()}
         self._spec_ids = {id(r): name for name, r in hardware.items()}
         # Hardware records built by hand (frozen, so hashable) -> what serving() found for them.
@@ -151,8 +154,9 @@ class Chain:
         """(hardware record, rule function, whether the record is a spec'd target's).  A name or
         None is the spec ``hardware_name`` says; a record whose every figure equals a spec's of
         its vendor and arch is that spec; any other record is computed from its own figures, those
-        it lacks taken from its vendor's spec nearest below its arch (else the lowest above), but
-        for the opt-in shared memory, which is its block limit where it gives none."""
+        it lacks taken from its vendor's spec nearest below its arch (else the lowest above; a
+        vendor no spec has: the record class's defaults), but for the opt-in shared memory, which
+        is its block limit where it gives none."""
         if hw is None or isinstance(hw, str):
             name = hardware_name(hw)
             return self.hardware[name], self.by_target[name], True
@@ -180,15 +184,15 @@ class Chain:
                 return r, self.by_target[n], True
         own = [(r.arch_version, n) for n, r in self.hardware.items() if r.vendor == vendor]
         below = [x for x in own if x[0] <= arch]
-        fill = self.hardware[max(below)[1] if below else min(own)[1]] if own else None
+        fill = self.hardware[max(below)[1] if below else min(own)[1]] if own else self.record_type()
         values = {}
-        for f in _figures(fill if fill is not None else hw):
-            values[f] = getattr(hw, f) if hasattr(hw, f) else getattr(fill, f, None)
+        for f in _figures(fill):
+            values[f] = getattr(hw, f) if hasattr(hw, f) else getattr(fill, f)
         if not hasattr(hw, "max_shared_memory_per_block_optin") and hasattr(hw, "max_shared_memory_per_block"):
             # A seed-style record has no opt-in figure: its block limit is its only one.
             values["max_shared_memory_per_block_optin"] = hw.max_shared_memory_per_block
         values["name"] = getattr(hw, "name", None) or f"a hand-built {vendor} arch {arch} record"
-        record = type(fill)(**values) if fill is not None else hw
+        record = type(fill)(**values)
         return record, self.function(vendor, arch, values["name"]), False
 
 

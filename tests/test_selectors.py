@@ -219,3 +219,14 @@ def test_a_dense_model_is_named_once_in_the_summary_or_once_as_an_error(tmp_path
     lines = [line for line in bad.err.splitlines() if "llama31_8b" in line]
     assert len(lines) == 1, bad.err
     assert "moe.models[1]" in lines[0] and "has no num_experts, top_k" in lines[0] and len(lines[0]) < 300
+
+
+def test_a_hand_built_record_of_a_vendor_no_spec_has_takes_the_base_policy(D, seed):
+    # Figures it lacks (opt-in shared memory aside: its block limit) are the record class's
+    # defaults; the base policy serves: 64 rows * 128 * 2 B * 2 * 1 stage fit 48 KB (128 rows do not).
+    other = seed.HardwareCapability(vendor="newco", arch_version=1)
+    rec = D.select_attention_config(other, 2, 128, 4096, 8)
+    assert (rec.triton_block_n, rec.triton_num_warps, rec.use_native_v1) == (64, 8, False)
+    assert D.select_moe_config(other, 8, 2, 4096, 14336) == D.MoEConfig(
+        block_size_m=16, block_size_n=32, block_size_k=64, group_size_m=1
+    )  # the base policy's decode tiles: 1 sequence <= 8 experts
