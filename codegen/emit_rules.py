@@ -34,22 +34,24 @@ class Function:
     statements: tuple[dict[str, Any], ...]
 
 
-class _Rename(ast.NodeTransformer):
-    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        if isinstance(node.value, ast.Name) and node.value.id == "model":
-            return ast.copy_location(ast.Name(id=f"model_{node.attr}", ctx=ast.Load()), node)
-        return self.generic_visit(node)
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id in _RUNTIME_FUNCTIONS:
-            node.func = ast.Attribute(value=ast.Name(id="_rules", ctx=ast.Load()), attr=node.func.id, ctx=ast.Load())
-        return node
+def _rename(node: ast.AST) -> ast.AST:
+    """``model.<dim>`` as the argument ``model_<dim>``; the rule language's own functions as
+    ``_rules.<name>`` (children first, in place)."""
+    for field, value in ast.iter_fields(node):
+        if isinstance(value, list):
+            setattr(node, field, [_rename(v) if isinstance(v, ast.AST) else v for v in value])
+        elif isinstance(value, ast.AST):
+            setattr(node, field, _rename(value))
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "model":
+        return ast.copy_location(ast.Name(id=f"model_{node.attr}", ctx=ast.Load()), node)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _RUNTIME_FUNCTIONS:
+        node.func = ast.Attribute(value=ast.Name(id="_rules", ctx=ast.Load()), attr=node.func.id, ctx=ast.Load())
+    return node
 
 
 def python(expr: rules.Expr) -> str:
     """The rule as a Python expression over the function's locals."""
-    tree = _Rename().visit(ast.parse(expr.source.strip(), mode="eval"))
+    tree = _rename(ast.parse(expr.source.strip(), mode="eval"))
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
