@@ -198,7 +198,7 @@ def outputs(res: Resolution, command: str) -> list[Output]:
 
 def _unmeasured(res: Resolution, out: TextIO) -> None:
     """One line per config naming the targets no measured policy serves (base, tuned = false)."""
-    for line in explain.unmeasured(res):
+    for line in explain.unmeasured(res) + explain.unserved(res):
         print(line, file=out)
 
 
@@ -293,9 +293,9 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
             title,
             _table(rows),
             "",
-            "instantiations (targets with equal records share one, named after the lowest arch):",
+            "instantiations (targets with equal records share one; the group's lowest arch in brackets):",
         ]
-        lines += [f"  {i.suffix}: {', '.join(i.targets)}" for i in insts]
+        lines += [f"  {i.suffix} [{i.vendor} {i.arch}]: {', '.join(i.targets)}" for i in insts]
         lines.append("")
         if cfg.bucketed:
             for inst in insts:

@@ -22,7 +22,8 @@ for template authors, with types and an example, and tests/test_examples.py keep
 ``models``     ``[{"name", "display_name", "source", "dims": [(dim, literal)], "constants":
                [(NAME, literal)]}]``.
 ``selectors``  ``[{"name", "record", "config", "matches", "params", "table": [(key, variant,
-               model)]}]`` of the configs read.
+               model)], "rules"}]`` of the configs read (``rules``: ``rules_data``, the policies'
+               rules as Python functions).
 ``default_target``, ``default_model``  specs/project.toml's (or None); ``default_records``:
                config -> the symbol of its record on them; ``config_constants``:
                ``[(constant, symbol, dispatch name)]``.
@@ -38,7 +39,7 @@ model) and, for a config that reads no model, ``table`` (``[(target, symbol)]`` 
 A config's ``models`` lists the models it is resolved for (``[]``: none).
 
 An instantiation (targets of one vendor whose resolved values are equal): ``symbol``
-(``VARIANT_VENDORARCH_DIGEST``, stable while its values are), ``suffix``, ``origin`` (the
+(``VARIANT_VENDOR_DIGEST``, stable while its values are), ``suffix``, ``origin`` (the
 policies and lines it came from), ``targets`` (``"a100 (80), h100 (90)"``), ``target_names``,
 ``values`` (``[(field, literal)]``, plain configs) / ``record`` (``{field: value}``), and for
 bucketed configs ``buckets``: ``[{"index", "name", "note", "bounds": [(dim, "min"|"max",
@@ -52,7 +53,8 @@ import textwrap
 from typing import Any
 
 from .records import SpecTree
-from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, is_control, is_line_break
+from . import emit_rules
+from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, ModelSpec, is_control, is_line_break
 from .records import Instantiation, Resolution, VariantResolution
 
 # The environment variable that forces the target generated/dispatch.py serves when no hw is given.
@@ -109,7 +111,7 @@ def bound_conditions(bounds: Any) -> list[str]:
 
 
 def symbol(vr: VariantResolution, inst: Instantiation) -> str:
-    """Module-level name of one instantiation: ATTENTION_FP16_QWEN36_NVIDIA80_3FA2C1 (the model
+    """Module-level name of one instantiation: ATTENTION_FP16_QWEN36_NVIDIA_3FA2C1 (the model
     only for configs resolved per model)."""
     model = f"_{vr.model}" if vr.model is not None else ""
     return f"{vr.variant}{model}_{inst.suffix}".upper()
@@ -294,6 +296,53 @@ def selector_data(resolution: Resolution, name: str) -> dict[str, Any] | None:
         "matches": [f"{p} is {what}" for p, what in cfg.selector.params.items()],
         "params": list(cfg.selector.params),
         "table": [(key, variant, model) for key, (variant, model) in table.items()],
+        "rules": rules_data(resolution, cfg.name),
+    }
+
+
+def rules_data(resolution: Resolution, name: str) -> dict[str, Any]:
+    """A selector's rules as Python (``emit_rules``): one function per policy of the config,
+    the chain that picks one by vendor and arch at run time (``[(vendor, min_arch, max_arch,
+    targets, function)]`` and the base policy's function or None), and each function argument's
+    value in a call of the selector (a selector parameter, or a literal: a variant parameter the
+    variants share, a model dimension's documented default)."""
+    cfg = resolution.tree.config(name)
+    assert cfg.selector is not None
+    policies = ([cfg.base] if cfg.base is not None else []) + list(cfg.policies)
+    variant_params = sorted({p for params in cfg.variants.values() for p in params})
+    model_dims = emit_rules.model_dims_read(cfg, policies)
+    given = {what: param for param, what in cfg.selector.params.items()}
+    args = []
+    for p in variant_params:
+        values = {repr(params.get(p)) for params in cfg.variants.values()}
+        args.append((p, given.get(p) or (values.pop() if len(values) == 1 else None)))
+    for dim in model_dims:
+        default = ModelSpec.model_fields[dim].default
+        args.append((f"model_{dim}", given.get(f"model.{dim}") or (repr(default) if default is not None else None)))
+    functions = []
+    for pol in policies:
+        fn = emit_rules.emit(cfg, pol, tuple(variant_params), model_dims)
+        functions.append(
+            {
+                "name": fn.name,
+                "policy": pol.label,
+                "line": cfg.source.where(pol.keypath),
+                "args": [p for p in fn.params] + [f"model_{d}" for d in fn.model_dims],
+                "statements": fn.statements,
+            }
+        )
+    chain = [
+        (p.vendor, p.min_arch, p.max_arch, p.targets, emit_rules.function_name(cfg, p)) for p in cfg.policies
+    ]
+    return {
+        "functions": functions,
+        "chain": chain,
+        "base": emit_rules.function_name(cfg, cfg.base) if cfg.base is not None else None,
+        "call": args,
+        # Function argument -> the selector parameter it comes from (a failed call's hint).
+        "hint_params": {arg: value for arg, value in args if value in cfg.selector.params},
+        "computable": all(value is not None for _, value in args),
+        "missing": [arg for arg, value in args if value is None],
     }
 
 

@@ -180,6 +180,16 @@ def unmeasured(res: Resolution) -> list[str]:
     return lines
 
 
+def unserved(res: Resolution) -> list[str]:
+    """One line per config and model it does not serve for want of fields its rules read:
+    ``moe: not served for llama31_8b: no num_experts, top_k``."""
+    return [
+        f"{cfg.name}: not served for {model}: no {', '.join(fields)}"
+        for cfg in res.tree.configs
+        for model, fields in cfg.unserved
+    ]
+
+
 def as_json(res: Resolution, kernel: str | None = None, hw: str | None = None) -> dict[str, Any]:
     """The resolved tree: every config's records per variant, model and target; only the
     variants ``kernel`` names (a config, variant or alias) and the target ``hw``, when given."""

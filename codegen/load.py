@@ -37,6 +37,7 @@ from .models import (
     ModuleSpec,
     ProjectSpec,
     VendorSpec,
+    model_rule_namespace,
 )
 from .policies import NAME_RE, load_policies, load_tune
 from .records import Check, Config, FrozenMap, Hardware, Model, Module, Project, Source, SpecTree, Vendor, frozen
@@ -541,10 +542,30 @@ def _load_config(
             )
     if len(problems) > start:
         return None
+    # A config serves every model that has the fields its rules read; ``models`` restricts that,
+    # and a model it names without them is one error naming model and fields.
+    needed = _model_fields_read(derived, checks, policies, base)
+    lacking = {m: tuple(f for f in needed if f not in model_rule_namespace(models[m].spec)) for m in models}
+    unserved: tuple[tuple[str, tuple[str, ...]], ...] = ()
     if spec.models is not None:
         served = tuple(sorted(spec.models))
+        for i, model in enumerate(spec.models):
+            if lacking.get(model):
+                problems.append(
+                    source.problem(
+                        (name, "models", i),
+                        f"model {model} ({models[model].source.path}) has no {', '.join(lacking[model])}, "
+                        f"which {name}'s rules read: set it in the model's file, or leave the model out",
+                        value=model,
+                    )
+                )
+        if len(problems) > start:
+            return None
+    elif reads_model:
+        served = tuple(m for m in sorted(models) if not lacking[m])
+        unserved = tuple((m, lacking[m]) for m in sorted(models) if lacking[m])
     else:
-        served = tuple(sorted(models)) if reads_model else ()
+        served = ()
     return Config(
         name=name,
         record=spec.record,
@@ -562,7 +583,21 @@ def _load_config(
         selector=spec.selector,
         constants=FrozenMap(spec.constants),
         tune=tune,
+        unserved=unserved,
     )
+
+
+def _model_fields_read(derived: Mapping[str, Any], checks: list[Check], policies: Any, base: Any) -> tuple[str, ...]:
+    """The model fields (``model.<field>``) a config's rules read, sorted."""
+    exprs = list(derived.values()) + [c.rule for c in checks] + [c.when for c in checks if c.when is not None]
+    for pol in list(policies) + ([base] if base is not None else []):
+        value_maps = [pol.values] + [b.values for b in pol.buckets or ()]
+        for values in value_maps:
+            for v in values.values():
+                expr = getattr(v, "expr", None) or getattr(v, "where", None)
+                if expr is not None:
+                    exprs.append(expr)
+    return tuple(sorted({attr for e in exprs for ns, attr in e.attrs if ns == "model"}))
 
 
 def _check_selector(

@@ -313,8 +313,13 @@ class ModelSpec(Spec):
     num_experts: Upto(2**20) | None = None
     top_k: Upto(2**20) | None = None
     moe_intermediate_size: Upto(2**24) | None = None
-    # Serving: concurrent sequences the server runs (vLLM --max-num-seqs).
-    max_num_seqs: Upto(2**24) | None = None
+    # Serving: concurrent sequences the server runs (vLLM --max-num-seqs).  Default 1: one
+    # sequence at a time, as the seed's deployment; a selector called with other dimensions
+    # computes with it too (select_moe_config has no such parameter).
+    max_num_seqs: Upto(2**24) = Field(
+        default=1,
+        description="Concurrent sequences the server runs (vLLM --max-num-seqs); default 1 (one at a time, as the seed).",
+    )
     # Module constants generated/dispatch.py defines for this model: ``<prefix>_<FIELD>`` for
     # every field the model sets (``QWEN36_HEAD_DIM``), under the name ``constant_names`` gives
     # where it gives one (``hidden_size = "HIDDEN"``: ``QWEN36_HIDDEN``).  None: no constants.

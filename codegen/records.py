@@ -263,6 +263,9 @@ class Config:
     selector: SelectorSpec | None = None  # a seed-style selector function for dispatch.py
     constants: FrozenMap[str, str] = FrozenMap()  # module constant -> dispatch name
     tune: Tune | None = None  # how codegen tune measures it; None: not tunable
+    # Models it does not serve, without a ``models`` list, for want of fields its rules read:
+    # (model, missing fields); the build's summary names them.
+    unserved: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def bucketed(self) -> bool:
@@ -344,7 +347,7 @@ class Resolved:
 class Instantiation:
     """A group of targets of one vendor with equal resolved values."""
 
-    suffix: str  # "nvidia80_3fa2c1": vendor, lowest arch in the group, digest of the values
+    suffix: str  # "nvidia_3fa2c1": vendor and digest of the values (no arch: names never move)
     vendor: str
     arch: int
     targets: tuple[str, ...]  # sorted by (arch, name)

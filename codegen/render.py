@@ -555,6 +555,17 @@ def check_selectors(resolution: Resolution) -> list[SpecProblem]:
                     )
                 )
             seen.setdefault(key, (vr, records))
+        missing = ctx.rules_data(resolution, cfg.name)["missing"]
+        if missing:
+            problems.append(
+                cfg.source.problem(
+                    (cfg.name, "selector", "params"),
+                    f"{cfg.selector.name}() computes records for any dimensions, but its rules read "
+                    f"{', '.join(m.replace('model_', 'model.') for m in missing)}, which is neither one of its "
+                    "parameters nor a variant parameter every variant shares nor a model field with a default: "
+                    "add it to the selector's params",
+                )
+            )
     return problems
 
 

@@ -15,10 +15,12 @@ For every config variant and every target:
    checks).  A policy written for one arch can overflow a later one: shared
    memory is not monotonic in arch (8.0: 163 KB per block, 8.6/8.9: 99 KB).
 4. Collapse: targets of one vendor whose resolved records are equal (by
-   value, neighbours or not) share one instantiation, named after the lowest
-   arch in the group (CCCL's lowest-CC resolver) and a digest of its values
-   (``nvidia80_3fa2c1``): adding a target never renames an instantiation whose
-   values did not change, since the name depends on nothing but the group.
+   value, neighbours or not) share one instantiation, named after the vendor
+   and a digest of its values (``nvidia_3fa2c1``); it records the lowest arch
+   in the group (CCCL's lowest-CC resolver), which ``show`` and the generated
+   comments state.  The name holds no arch: adding a target of any arch, below
+   every other too, or of a new vendor renames no instantiation whose values
+   did not change.
 """
 
 from __future__ import annotations
@@ -544,10 +546,10 @@ def _raise(message: str) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def value_digest(key: Any) -> str:
-    """Six hex digits of a stable hash of resolved values (their repr: ints, floats, bools,
+def value_digest(key: Any, width: int = 6) -> str:
+    """``width`` hex digits of a stable hash of resolved values (their repr: ints, floats, bools,
     strings and tuples of them print the same on every machine and Python run)."""
-    return hashlib.sha256(repr(key).encode()).hexdigest()[:6]
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:width]
 
 
 def _collapse(
@@ -570,9 +572,14 @@ def _collapse(
         policies = tuple(dict.fromkeys(resolved[t].policy.label for t in members))
         raw.append((vendor, lead.spec.arch, members, policies))
 
+    # Six hex digits name a group; two groups of one vendor whose digests share them (about one
+    # chance in 16 million per pair) both take longer ones, so no name depends on the others.
+    digests = {gk: value_digest(gk[1], 64) for gk in groups}
+    short = [(gk[0], d[:6]) for gk, d in digests.items()]
     insts = []
-    for (vendor, arch, members, policies), (_vendor, key) in zip(raw, groups):
-        suffix = f"{vendor}{arch}_{value_digest(key)}"
+    for (vendor, arch, members, policies), gk in zip(raw, groups):
+        width = 6 if short.count((vendor, digests[gk][:6])) == 1 else 16
+        suffix = f"{vendor}_{digests[gk][:width]}"
         insts.append(Instantiation(suffix, vendor, arch, tuple(members), policies, resolved[members[0]]))
     insts.sort(key=lambda i: (i.vendor, i.arch, i.suffix))
     target_inst = {t: inst.suffix for inst in insts for t in inst.targets}

@@ -1,14 +1,14 @@
-"""Record lookup for the generated modules (hand-written): by kernel name, target and model, and
-by a seed-style selector's parameters (generated/dispatch.py); a bucketed kernel module's policy
-by dtype and target (``PolicyTables``: generated/matmul.py and moe.py).  Plain dictionary
-lookups; no rule runs."""
+"""Record lookup for the generated modules (hand-written): by kernel name, target and model
+(generated/dispatch.py; its selectors' computed path is policy_runtime/rule_functions.py); a
+bucketed kernel module's policy by dtype and target (``PolicyTables``: generated/matmul.py and
+moe.py).  Plain dictionary lookups; no rule runs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-__all__ = ["record", "select", "PolicyTables"]
+__all__ = ["record", "PolicyTables"]
 
 
 def record(
@@ -30,19 +30,6 @@ def record(
     if table is None:
         raise KeyError(f"{kernel_name!r} is not resolved for model {chosen!r}; it serves {sorted(by_model)}")  # type: ignore[type-var]
     return table[target]
-
-
-def select(table: Mapping[tuple, tuple], key: tuple, function: str, params: Sequence[str]) -> tuple:
-    """(variant, model) of a seed-style selector's parameters; KeyError listing the known ones."""
-    found = table.get(key)
-    if found is None:
-        given = ", ".join(f"{p}={v!r}" for p, v in zip(params, key))
-        known = "; ".join(
-            f"{model or variant} ({', '.join(f'{p}={v!r}' for p, v in zip(params, k))})"
-            for k, (variant, model) in table.items()
-        )
-        raise KeyError(f"{function}: no model has {given}; known: {known}")
-    return found
 
 
 @dataclass(frozen=True)

@@ -52,12 +52,14 @@ def resolve_tree(tmp_path: Path, hardware: dict, policies: str, kernel: str = TI
     return resolve.resolve(load.load(tmp_path))
 
 
-def lead(inst) -> str:
-    """An instantiation's name without its value digest: vendor and lowest arch."""
-    suffix = inst if isinstance(inst, str) else inst.suffix
-    stem, digest = suffix.rsplit("_", 1)
-    assert len(digest) == 6 and int(digest, 16) >= 0, suffix
-    return stem
+def lead(inst, vr=None) -> str:
+    """An instantiation's vendor and lowest arch (``inst`` or the suffix of one of ``vr``'s); its
+    name is the vendor and a digest of its values, with no arch."""
+    if isinstance(inst, str):
+        (inst,) = [i for i in vr.instantiations if i.suffix == inst]
+    vendor, digest = inst.suffix.rsplit("_", 1)
+    assert vendor == inst.vendor and len(digest) == 6 and int(digest, 16) >= 0, inst.suffix
+    return f"{inst.vendor}{inst.arch}"
 
 
 def by_target(res):
@@ -81,7 +83,7 @@ def test_vendors_never_mix(tmp_path):
     # Even with equal values the two vendors keep separate instantiations.
     res = resolve_tree(tmp_path, hardware, policy("iluvatar", 100, 16) + policy("nvidia", 80, 16))
     vr, _ = by_target(res)
-    assert [i.suffix.rsplit("_", 1)[0] for i in vr.instantiations] == ["iluvatar100", "nvidia100"]
+    assert [i.suffix.rsplit("_", 1)[0] for i in vr.instantiations] == ["iluvatar", "nvidia"]
 
 
 def test_below_every_threshold_is_an_error_naming_target_and_thresholds(tmp_path):
@@ -156,7 +158,7 @@ stages = 2
     }
     groups = {lead(i): i.targets for i in vr.instantiations}
     assert groups == {"nvidia80": ("p80", "p90", "p100"), "nvidia86": ("p86", "p89", "p120")}
-    assert lead(vr.target_instantiation["p120"]) == "nvidia86"
+    assert lead(vr.target_instantiation["p120"], vr) == "nvidia86"
 
 
 def test_equal_records_from_different_policies_collapse(tmp_path):
@@ -183,7 +185,7 @@ stages = 2
 """
     vr, _ = by_target(resolve_tree(tmp_path, hardware, rule))
     names = {vr.target_instantiation["big"], vr.target_instantiation["small"]}
-    assert len(names) == 2 and {lead(n) for n in names} == {"nvidia90"}
+    assert len(names) == 2 and {lead(n, vr) for n in names} == {"nvidia90"}
 
 
 def test_rule_with_no_satisfying_candidate_is_an_error(tmp_path):

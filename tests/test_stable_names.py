@@ -24,8 +24,8 @@ def _copy(tmp_path, name):
     return root
 
 
-def _h200_like(**changes) -> str:
-    text = (REPO / "specs/hardware/h200.toml").read_text()
+def _h200_like(part="h200", **changes) -> str:
+    text = (REPO / f"specs/hardware/{part}.toml").read_text()
     for key, value in changes.items():
         text = re.sub(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)
     return text
@@ -42,10 +42,18 @@ def test_adding_targets_renames_nothing_whose_values_did_not_change(tmp_path):
         "h200_twin.toml": _h200_like(device_names='["H200 TWIN"]'),
         # A new arch above every NVIDIA spec.
         "next.toml": _h200_like(arch=130, device_names='["NEXT"]'),
+        # Two parts in one build (one build less for the suite): an arch below every NVIDIA spec
+        # (Turing, sm_75: no async copy), served by base policies, which joins groups whose lowest
+        # arch was 80 and becomes their lowest; and a gfx90a part (arch 910) below the MI300X (942),
+        # joining AMD's groups.
+        "t4ish.toml": _h200_like("a10", arch=75, device_names='["T4ISH"]', async_copy="false"),
     }
+    extra = {"t4ish.toml": {"mi250x.toml": _h200_like("mi300x", arch=910, device_names='["MI250X"]')}}
     for file, text in cases.items():
         root = _copy(tmp_path, file.removesuffix(".toml"))
         (root / "specs/hardware" / file).write_text(text)
+        for other, other_text in extra.get(file, {}).items():
+            (root / "specs/hardware" / other).write_text(other_text)
         assert run_cli("--root", str(root), "build").code == 0
         after = _symbols(root)
         for module, names in before.items():
@@ -54,6 +62,12 @@ def test_adding_targets_renames_nothing_whose_values_did_not_change(tmp_path):
         if file == "h200_cut.toml":
             # Rules that read sm_count give it records of its own, under new names.
             assert any(after[m] - before[m] for m in before), file
+        elif file == "t4ish.toml":
+            # The lower archs lead existing groups now: the comments say so, the names stay.
+            text = (root / "generated/dispatch.py").read_text()
+            for lowest in ("nvidia 75", "amd 910"):
+                assert f"; lowest arch {lowest}." in text, lowest
+            assert '"mi250x": ' in text
         else:
             # h200's twin, and the new arch (whose records equal existing ones: the nvidia>=120
             # policy's, with h200's shared memory), join existing groups: no new name at all.
