@@ -11,17 +11,12 @@ import sys
 import pytest
 
 from conftest import REPO
-
-
-def seed_path():
-    """Where the seed is: the lookup tests/test_seed_api.py uses (one place to re-point)."""
-    return REPO.parent / "shared" / "seeds" / "muh_cc_dispatch.py"
+from seeds import seed_file
 
 
 @pytest.fixture(scope="module")
 def seed():
-    path = seed_path()
-    assert path.is_file(), f"the seed is expected beside the checkout at {path}"
+    path = seed_file("muh_cc_dispatch.py")
     spec = importlib.util.spec_from_file_location("muh_cc_dispatch_seed_grid", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
