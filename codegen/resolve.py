@@ -203,14 +203,23 @@ def chain(cfg: Config, hw: Hardware) -> Policy | None:
 
 
 def resolve_target(
-    tree: SpecTree, cfg: Config, variant: str, target: str, model: str | None = None, policy: Policy | None = None
+    tree: SpecTree,
+    cfg: Config,
+    variant: str,
+    target: str,
+    model: str | None = None,
+    policy: Policy | None = None,
+    hints: bool = True,
 ) -> tuple[Resolved | None, list[SpecProblem]]:
     """One variant of ``cfg`` on one target, with ``policy`` in place of the one the target
     chains to when given (``codegen tune`` resolves its candidates so): the resolution, or None
-    and every problem found (check failures included)."""
+    and every problem found (check failures included).  ``hints=False``: a failed check's
+    message lacks the smaller values that would pass (searching them costs ~20 checks)."""
     hw = next(h for h in tree.hardware if h.name == target)
     problems: list = []
-    r = _resolve_one(cfg, cfg.variants[variant], hw, hw_namespace(hw), model_scope(tree, model), problems, policy)
+    r = _resolve_one(
+        cfg, cfg.variants[variant], hw, hw_namespace(hw), model_scope(tree, model), problems, policy, hints
+    )
     return (r if not problems else None), _merge_targets(cfg, problems)
 
 
@@ -222,6 +231,7 @@ def _resolve_one(
     model: ModelScope,
     problems: list[SpecProblem],
     policy: Policy | None = None,
+    hints: bool = True,
 ) -> Resolved | None:
     policy = policy if policy is not None else chain(cfg, hw)
     if policy is None:
@@ -248,13 +258,21 @@ def _resolve_one(
 
     context = _Where(policy.label, hw, model.label if model.name is not None else "", None)
     if policy.buckets is None:
-        record = _evaluate(cfg, policy.values, params, hw_ns, model, policy.keypath, context, problems)
+        record = _evaluate(cfg, policy.values, params, hw_ns, model, policy.keypath, context, problems, hints)
         return None if record is None else Resolved(hw.name, policy, record, None)
     buckets = []
     ok = True
     for bucket in policy.buckets:
         record = _evaluate(
-            cfg, bucket.values, params, hw_ns, model, bucket.keypath, replace(context, bucket=bucket.name), problems
+            cfg,
+            bucket.values,
+            params,
+            hw_ns,
+            model,
+            bucket.keypath,
+            replace(context, bucket=bucket.name),
+            problems,
+            hints,
         )
         if record is None:
             ok = False
@@ -272,6 +290,7 @@ def _evaluate(
     keypath: tuple,
     context: "_Where",
     problems: list,
+    hints: bool = True,
 ) -> Record | None:
     """Evaluate every field of one record, then run the config's checks on it."""
     missing = [f for f in cfg.fields if f not in values]
@@ -300,7 +319,7 @@ def _evaluate(
         record.append((name, value))
     failed = False
     for check in cfg.checks:
-        msg = _run_check(check, scope)
+        msg = _run_check(check, scope, hints)
         if msg:
             problems.append(_CheckFailure(keypath, context, check.spec.name, msg))
             failed = True
@@ -325,7 +344,7 @@ def _type_error(name: str, ftype: str, choices: tuple | None, value: Any) -> str
     return None
 
 
-def _run_check(check: Check, scope: "Scope") -> str | None:
+def _run_check(check: Check, scope: "Scope", hints: bool = True) -> str | None:
     env = scope.env()
     try:
         if check.when is not None and not rules.evaluate(check.when, env):
@@ -333,7 +352,7 @@ def _run_check(check: Check, scope: "Scope") -> str | None:
         if rules.evaluate(check.rule, env):
             return None
         detail = rules.explain_failure(check.rule, env)
-        hint = _fitting_value(check, scope)
+        hint = _fitting_value(check, scope) if hints else None
         hint = f"; {hint} would pass" if hint else ""
         if check.spec.message:
             return f"{_format_message(check.spec.message, scope)} ({detail}){hint}"

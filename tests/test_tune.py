@@ -550,3 +550,31 @@ def test_the_tune_harnesses_launch_the_body_and_constants_the_generated_wrappers
             assert [getattr(tuned.fallback, f) for f in fields] == [getattr(v.fallback, f) for f in fields], name
         kinds.add(v.kind)
     assert kinds == {"grouped", "small_m", "tma_persistent"}
+
+
+def test_a_space_too_large_to_plan_is_refused_before_any_candidate_is_resolved(fake, monkeypatch):
+    from codegen.tune import plan as plan_mod
+
+    resolved = []
+    monkeypatch.setattr(plan_mod, "resolve_target", lambda *a, **k: resolved.append(a) or (None, []))
+    ten = ",".join(str(1 << i) for i in range(10))
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096",
+        "--space", f"block_m={ten}", f"block_n={ten}", f"block_k={ten}", f"num_stages={ten}", f"num_warps={ten}",
+        f"group_m={ten}", "--dry-run",
+    )  # fmt: skip
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert "--space: the search space is too large to plan: 1,000,000 candidates" in r.err
+    assert "block_m 10 x block_n 10 x block_k 10 x num_stages 10 x num_warps 10 x group_m 10" in r.err
+    assert "over the cap of 2,000" in r.err and not resolved
+    assert not (fake / ".codegen-tune").exists()
+    # A spec's own space past the cap is refused naming the space and its line (the cap lowered
+    # here: the shipped spaces are under it; 128x4096x4096 falls in h200's small bucket, pointer's).
+    monkeypatch.setattr(plan_mod, "MAX_RECORDS", 100)
+    r = run_cli("--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", "--dry-run")
+    assert r.code == 2 and not resolved, r.err
+    line = (fake / MATMUL).read_text().splitlines().index('name = "pointer"')  # the table's header line
+    assert (
+        f"matmul.tune: the search space is too large to plan: 192 candidates (space pointer ({MATMUL}:{line})" in r.err
+    )
+    assert "= 192 in each of 1 bucket(s) (small)) x 2 variant(s) = 384 records" in r.err
