@@ -578,3 +578,44 @@ def test_a_space_too_large_to_plan_is_refused_before_any_candidate_is_resolved(f
         f"matmul.tune: the search space is too large to plan: 192 candidates (space pointer ({MATMUL}:{line})" in r.err
     )
     assert "= 192 in each of 1 bucket(s) (small)) x 2 variant(s) = 384 records" in r.err
+
+
+def test_codegen_has_no_import_cycle():
+    # Every import in codegen/ (function-level ones too), as a graph of its modules: no cycle.
+    # (tune/cli.py imported cli.py's exit codes and main while cli.py imports tune.)
+    import ast
+
+    pkg = REPO / "codegen"
+    names = {
+        ".".join(("codegen",) + p.relative_to(pkg).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in pkg.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                for a in node.names:
+                    deps.add(f"{module}.{a.name}" if f"{module}.{a.name}" in names else module)
+        deps &= set(names)
+        deps.discard(name)
+    assert len(graph) > 20 and "codegen.tune.cli" in graph["codegen.cli"]
+
+    def cycle_from(start: str, at: str, path: list[str]) -> list[str] | None:
+        for dep in sorted(graph[at]):
+            if dep == start:
+                return path + [dep]
+            if dep not in path:
+                found = cycle_from(start, dep, path + [dep])
+                if found:
+                    return found
+        return None
+
+    cycles = [c for c in (cycle_from(n, n, [n]) for n in sorted(graph)) if c]
+    assert cycles == [], cycles

@@ -24,6 +24,7 @@ from typing import Any, Sequence, TextIO
 
 from .. import pipeline, write
 from ..errors import SpecErrors
+from ..exitcodes import EXIT_INVALID, EXIT_OK
 from ..records import SpecTree
 from . import results as results_mod
 from .decide import Verdict, decide
@@ -39,15 +40,13 @@ class TuneError(Exception):
 
 
 def run(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
-    from ..cli import EXIT_INVALID
-
     try:
         if args.kernel == "merge":
             return _merge(args, root, argv, out, err)
         if args.files:
             raise TuneError(f"unexpected arguments {' '.join(args.files)} (only `tune merge` takes files)")
         return _tune(args, root, argv, out, err)
-    except (PlanError, ResultsError, WriteBackError, TuneError) as exc:
+    except (PlanError, ResultsError, WriteBackError, TuneError, write.OutputError) as exc:
         print(f"codegen tune: {exc}", file=err)
         return EXIT_INVALID
 
@@ -329,7 +328,7 @@ def _tune(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO
         path = path or folder / f"shard-{i}-of-{n}.jsonl"
         rf = _measure_shard(p, i, n, path, budget, args.fresh, command, pa, args.quiet, err)
         print(f"shard {i}/{n}: {len(rf.chunks)} of {len(p.shard(i, n))} chunks measured; results in {path}", file=out)
-        return 0
+        return EXIT_OK
     devices = _devices(args)
     folder.mkdir(parents=True, exist_ok=True)
     if len(devices) > 1:
@@ -378,8 +377,8 @@ def _conclude(
     if not found:
         held = all(v.best is not None and not v.incumbent_failed for v in verdicts)
         print("no spec changes: " + ("the incumbents held" if held else "see the table"), file=out)
-        return 0
-    _verify(root, found)
+        return EXIT_OK
+    outs = _verify(root, found)
     if args.dry_run:
         for e in found:
             out.write(
@@ -389,31 +388,58 @@ def _conclude(
                     )
                 )
             )
-        return 0
+        return EXIT_OK
+    built = write_back(root, found, [] if args.no_build else outs)
     for e in found:
-        target = root / e.path
-        tmp = write._write_temp(target, e.after.encode())
-        os.replace(tmp, target)
         print(f"wrote {e.path}", file=out)
     if args.no_build:
         print("specs written; run `python -m codegen build` to regenerate generated/", file=out)
-        return 0
-    from ..cli import main as codegen_main
+        return EXIT_OK
+    pipeline.report(built, out)
+    return EXIT_OK
 
-    return codegen_main(["--root", str(root), "build"], out=out, err=err)
+
+def write_back(root: Path, found: list[Edit], outs: list[pipeline.Output]) -> list:
+    """The edited specs and what they build (``outs``: generated/ and schemas/, none with
+    --no-build) written as one transaction under the tree's build lock (``pipeline.build``): the
+    spec files are renamed into place first, so a tune killed at any moment leaves either the
+    old specs and outputs, or the new specs (which the next build makes generated/ agree with).
+    A spec file changed since tune read it is not overwritten."""
+    specs = root / "specs"
+    changes = []
+    for e in found:
+        rel = Path(e.path).relative_to("specs").as_posix()
+        changes.append(write.Change(rel, "update", e.before.encode(), e.after.encode()))
+    plan = write.Plan(specs, tuple(changes), (), ())
+
+    def unchanged_specs() -> None:
+        for e, change in zip(found, changes):
+            try:
+                now = (specs / change.path).read_bytes()
+            except OSError as exc:
+                raise WriteBackError(f"cannot read {e.path}: {exc.strerror or exc}; nothing written") from None
+            if now != change.old:
+                raise WriteBackError(
+                    f"{e.path} changed while tune ran; nothing written: run the same command again to decide "
+                    "from the results measured so far"
+                )
+
+    return pipeline.build(root, outs, before=[plan], check=unchanged_specs)
 
 
-def _verify(root: Path, found: list[Edit]) -> None:
-    """The edited specs must build: resolve and render a copy of the tree with them."""
+def _verify(root: Path, found: list[Edit]) -> list[pipeline.Output]:
+    """The edited specs must build: resolve and render a copy of the tree with them; what
+    they build (generated/ and schemas/ of the root, once the edits are in)."""
     with tempfile.TemporaryDirectory(prefix="codegen-tune-") as tmp:
         copy = Path(tmp)
         shutil.copytree(root / "specs", copy / "specs")
         if (root / "templates").is_dir():
             shutil.copytree(root / "templates", copy / "templates")
         for e in found:
-            (copy / e.path).write_text(e.after)
+            (copy / e.path).write_bytes(e.after.encode())
         try:
-            pipeline.run(copy)
+            res = pipeline.run(copy, until="tree_to_resolution")
+            return pipeline.outputs(res, "build")
         except SpecErrors as exc:
             lines = "\n  ".join(pr.render() for pr in exc.problems)
             raise WriteBackError(f"the written specs would not build (nothing written):\n  {lines}") from None
