@@ -48,6 +48,14 @@ def _smem(record: dict, dtype_bytes: int) -> int:
     return ring
 
 
+def _header(p, i: int = 0, n: int = 1, fingerprint: str | None = None) -> dict:
+    """A results file's header as tune writes it, for plan ``p``'s shard i/n."""
+    from codegen.tune.cli import _header as header
+
+    h = header(p, i, n, "test", {k: None for k in ("shapes", "space", "buckets", "rounds", "chunk", "model", "dtype")})
+    return dict(h, fingerprint=fingerprint or p.fingerprint)
+
+
 def _only_inserted(before: str, after: str) -> list[str]:
     """The lines ``after`` adds to ``before``; fails if any line of ``before`` changed or went."""
     sm = difflib.SequenceMatcher(a=before.splitlines(True), b=after.splitlines(True), autojunk=False)
@@ -195,7 +203,7 @@ def test_resume_after_a_kill_measures_only_what_is_left(fake, tmp_path):
 
     p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096), (1, 4096, 4096)], chunk=16)
     path = tmp_path / "r.jsonl"
-    header = {"kind": "header", "fingerprint": p.fingerprint, "config": "matmul", "target": "h200", "shard": [0, 1]}
+    header = _header(p)
     shard = Shard(p, 0, 1, ResultsFile.open(path, header), budget_s=1e9)
 
     class Killed(Exception):
@@ -224,63 +232,57 @@ def test_resume_after_a_kill_measures_only_what_is_left(fake, tmp_path):
 def test_results_of_another_plan_are_refused(fake, tmp_path):
     p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096)])
     path = tmp_path / "r.jsonl"
-    ResultsFile.open(
-        path, {"kind": "header", "fingerprint": "000000000000", "config": "matmul", "target": "h200", "shard": [0, 1]}
-    )
+    ResultsFile.open(path, _header(p, fingerprint="000000000000"))
     with pytest.raises(ResultsError, match="another plan"):
-        ResultsFile.open(
-            path,
-            {"kind": "header", "fingerprint": p.fingerprint, "config": "matmul", "target": "h200", "shard": [0, 1]},
-        )
+        ResultsFile.open(path, _header(p))
     r = run_cli("--root", str(fake), "tune", "merge", str(path))
-    assert r.code == 2 and "specs changed since these results" in r.err
+    assert r.code == 2 and f"{path}: the specs changed since these results were measured" in r.err, r.err
 
 
-def test_two_workers_and_two_shards_merge_to_the_same_specs(fake):
+def test_two_workers_and_two_shards_merge_to_the_same_specs(fake, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"  # the same tree, for the shards and their merge
+    shutil.copytree(fake, other)
+    shutil.copytree(fake / "specs", tmp_path / "pristine" / "specs")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     base = [sys.executable, "-m", "codegen", "--root", str(fake), "tune", "matmul", "--hw", "h200", "--quiet"]
     plan_args = ["--shapes", "128x4096x4096", "1x4096x4096", "--chunk", "16"]
+    results = tmp_path / "results"
     two = subprocess.run(
-        base + plan_args + ["--devices", "7,9", "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True
+        base + plan_args + ["--devices", "7,9", "--no-build", "--results", str(results)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert two.returncode == 0, two.stderr + two.stdout
-    folders = list((fake / ".codegen-tune").iterdir())
-    assert len(folders) == 1
+    folders = list(results.iterdir())
+    assert len(folders) == 1 and not (fake / ".codegen-tune").exists()
     files = sorted(folders[0].glob("shard-*-of-2.jsonl"))
     got = [results_mod.read(f) for f in files]
     # One worker per device, pinned with CUDA_VISIBLE_DEVICES, on disjoint chunks covering the plan.
     assert [{line["device_env"] for line in r.chunks.values()} for r in got] == [{"7"}, {"9"}]
     assert not set(got[0].chunks) & set(got[1].chunks)
-    p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096), (1, 4096, 4096)], chunk=16)
+    p = plan(load.load(other), "matmul", "h200", shapes=[(128, 4096, 4096), (1, 4096, 4096)], chunk=16)
     assert set(got[0].chunks) | set(got[1].chunks) == {c.index for c in p.chunks}
     # The same tune as two shards in separate runs, merged.
     shard_files = []
     for i in range(2):
-        out = fake / f"s{i}.jsonl"
+        out = tmp_path / f"s{i}.jsonl"
         r = run_cli(
-            "--root",
-            str(fake),
-            "tune",
-            "matmul",
-            "--hw",
-            "h200",
-            *plan_args,
-            "--shard",
-            f"{i}/2",
-            "--results",
-            str(out),
-            "--quiet",
-        )
+            "--root", str(other), "tune", "matmul", "--hw", "h200", *plan_args, "--shard", f"{i}/2",
+            "--results", str(out), "--quiet",
+        )  # fmt: skip
         assert r.code == 0, r.err
         shard_files.append(str(out))
-    merged = run_cli("--root", str(fake), "tune", "merge", *shard_files, "--dry-run", "--quiet")
+    merged = run_cli("--root", str(other), "tune", "merge", *shard_files, "--no-build", "--quiet")
     assert merged.code == 0, merged.err
 
-    def diff_of(text: str) -> list[str]:
-        lines = [line for line in text.splitlines() if line.startswith(("+", "-"))]
-        return [line for line in lines if not line.startswith("+command = ")]
+    def spec(root: Path) -> list[str]:
+        return [line for line in (root / MATMUL).read_text().splitlines() if not line.startswith("command = ")]
 
-    assert diff_of(two.stdout) and diff_of(two.stdout) == diff_of(merged.out)
+    assert spec(fake) != spec(tmp_path / "pristine") and spec(fake) == spec(other)
 
 
 def test_decide_flips_the_backend_only_past_the_spread_and_keeps_what_it_is_told(fake):
