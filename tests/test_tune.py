@@ -621,3 +621,161 @@ def test_codegen_has_no_import_cycle():
 
     cycles = [c for c in (cycle_from(n, n, [n]) for n in sorted(graph)) if c]
     assert cycles == [], cycles
+
+
+# -- what a user can give the tuner: each class of bad input exits 2, names it, writes nothing --
+
+
+def _results_file(fake: Path, tmp_path: Path) -> tuple[Path, object]:
+    """A real one-shard results file of a small fake-timed tune, and its plan."""
+    out = tmp_path / "r.jsonl"
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", "--space",
+        "block_n=32,128", "num_stages=4", "--buckets", "small", "--shard", "0/1", "--results", str(out), "--quiet",
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    from codegen.tune.cli import make_plan
+
+    h = results_mod.read(out).header
+    return out, make_plan(load.load(fake), "matmul", "h200", h["plan_args"], None)
+
+
+def test_merge_refuses_a_file_tune_did_not_write_by_name_and_line(fake, tmp_path):
+    good, p = _results_file(fake, tmp_path)
+    lines = good.read_text().splitlines()
+    assert len(lines) == 2  # the header and the one chunk
+    header, chunk = json.loads(lines[0]), json.loads(lines[1])
+
+    def bad(name: str, text: str | bytes) -> Path:
+        path = tmp_path / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return path
+
+    def dumps(*objs) -> str:
+        return "".join(json.dumps(o) + "\n" for o in objs)
+
+    shape = next(iter(chunk["shapes"]))
+    no_bucket = {k: v for k, v in chunk.items() if k != "bucket"}
+    nan_time = json.loads(json.dumps(chunk))
+    nan_time["shapes"][shape]["incumbent_ms"] = float("nan")
+    cases = [
+        (bad("binary", bytes(range(256)) * 4), ":1: not a codegen tune results file"),
+        (bad("empty", b""), ": empty: not a codegen tune results file"),
+        (bad("toml", (fake / MATMUL).read_text()), ":1: not a codegen tune results file"),
+        (
+            bad("bare_header", dumps({"kind": "header", "fingerprint": p.fingerprint})),
+            ":1: header: config: Field required",
+        ),
+        (bad("no_bucket", dumps(header, no_bucket)), ":2: chunk: bucket: Field required"),
+        (
+            bad("nan", dumps(header, nan_time)),
+            f":2: chunk: shapes.{shape}.incumbent_ms: Input should be a finite number",
+        ),
+        (bad("twice", dumps(header, chunk, chunk)), ":3: chunk 0 again (line 2 has it)"),
+        (bad("garbled", dumps(header)[:-1] + "\n{not json\n"), ":2: not a JSON line"),
+        (bad("second_header", dumps(header, header)), ":2: not a chunk line (a second header)"),
+        (bad("other_index", dumps(header, dict(chunk, index=7))), ":2: chunk 7: the plan has 1 chunks"),
+        (bad("other_keys", dumps(header, dict(chunk, keys=["0" * 12]))), ":2: chunk 0: its bucket and candidates"),
+        (bad("other_plan", dumps(dict(header, fingerprint="0" * 12), chunk)), ": the specs changed since these"),
+        (
+            bad("unknown_target", dumps(dict(header, target="nosuch"), chunk)),
+            ":1: its header's tune (matmul on nosuch)",
+        ),
+    ]
+    spec = (fake / MATMUL).read_bytes()
+    for path, message in cases:
+        r = run_cli("--root", str(fake), "tune", "merge", str(path), "--no-build")
+        assert r.code == 2 and f"{path}{message}" in r.err and "Traceback" not in r.err, (path.name, r.err)
+    assert (fake / MATMUL).read_bytes() == spec
+    # The good file merges, and a line a kill cut short after it is ignored.
+    cut = bad("cut", good.read_text() + lines[1][:40])
+    r = run_cli("--root", str(fake), "tune", "merge", str(cut), "--dry-run")
+    assert r.code == 0, r.err
+
+
+def test_a_tune_whose_device_is_not_here_refuses_at_once_and_writes_nothing(fake, monkeypatch):
+    import torch
+
+    from codegen.tune import cli as tune_cli
+
+    before = (fake / "specs").exists() and snapshot_tree(fake)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    r = run_cli("--root", str(fake), "tune", "attention", "--hw", "h200", "--dry-run")
+    assert r.code == 2 and "--hw h200: no GPU is visible here" in r.err and "Traceback" not in r.err, r.err
+    assert "--plan" in r.err and "TRITON_INTERPRET=1" in r.err
+    # --plan plans without a device, and writes nothing either.
+    r = run_cli("--root", str(fake), "tune", "attention", "--hw", "h200", "--plan")
+    assert r.code == 0 and "tune attention on h200" in r.out and "candidates" in r.out, r.err
+    # A GPU of another part (detection faked: no GPU here).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(tune_cli, "_detect", lambda root, i: ["h200", "h100"][i])
+    r = run_cli("--root", str(fake), "tune", "attention", "--hw", "h200")
+    assert r.code == 2 and "--hw h200: GPU 1 is h100, not h200" in r.err, r.err
+    assert snapshot_tree(fake) == before
+
+
+def snapshot_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_dry_run_writes_nothing_and_resumes_from_earlier_results(fake, tmp_path):
+    from tests import tune_fakes
+
+    before = snapshot_tree(fake)
+    argv = ["--root", str(fake), "tune", "matmul", "--hw", "a100", "--shapes", "512x512x512", "--quiet"]
+    r = run_cli(*argv, "--dry-run")
+    assert r.code == 0 and "+[[matmul.policy.amend]]" in r.out, r.err + r.out
+    assert snapshot_tree(fake) == before  # no .codegen-tune/, no spec, no generated/
+    # Results a shard left in .codegen-tune/ are resumed (read, not written) by a dry run.
+    assert run_cli(*argv, "--shard", "0/1").code == 0
+    before = snapshot_tree(fake)
+    assert any(".codegen-tune/" in name for name in before)
+    tune_fakes.CALLS.clear()
+    again = run_cli(*argv, "--dry-run")
+    assert again.code == 0 and "chunk(s) already measured" in again.err, again.err
+    assert not [c for c in tune_fakes.CALLS if c[0] == "kernel"] and again.out.count("+") == r.out.count("+")
+    assert snapshot_tree(fake) == before
+
+
+def test_results_whose_incumbent_failed_everywhere_are_measured_again(fake, tmp_path):
+    p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096)], chunk=16)
+    path = tmp_path / "r.jsonl"
+    rf = ResultsFile.open(path, _header(p))
+    shape = p.shape_text(p.buckets[0].shapes[0])
+    for c in p.chunks[:2]:
+        rf.append(
+            {"kind": "chunk", "index": c.index, "bucket": c.bucket, "keys": list(c.keys), "seconds": 0.1, "pid": 1,
+             "device_env": "", "shapes": {shape: {"candidates": {}, "incumbent_failed": "set TRITON_INTERPRET=1"}}}
+        )  # fmt: skip
+    again = ResultsFile.open(path, _header(p))
+    assert again.chunks == {} and [i for i, _ in again.dropped] == [0, 1]
+    assert len(path.read_text().splitlines()) == 1  # only the header is left
+    assert len(Shard(p, 0, 1, again, budget_s=1e9).pending()) == len(p.chunks)
+
+
+def test_options_that_name_or_size_something_are_checked(fake, tmp_path):
+    good = tmp_path / "r.jsonl"
+    good.write_text("")
+    cases = [
+        (["--chunk", "0"], "--chunk 0: must be at least 1"),
+        (["--rounds", "-1"], "--rounds -1: must be at least 1"),
+        (["--budget", "nan"], "--budget nan: must be a positive number of seconds"),
+        (["--budget", "0"], "--budget 0: must be a positive number of seconds"),
+        (["--devices", ","], "--devices ',': give distinct GPU ids"),
+        (["--devices", "0,0"], "--devices '0,0': give distinct GPU ids"),
+        (["--model", "nosuch"], "--model nosuch: no such model spec (known: llama31_8b, qwen36)"),
+        (["--shard", "0/2", "--dry-run"], "--shard writes only its results file"),
+        (["--shapes", "1x2"], "shape 1x2: give one value per dimension (m, n, k)"),
+        (["--buckets", "small"], "--buckets goes with --space"),
+        (["--space", "block_m=64", "--buckets", "nosuch"], "no policy has a bucket of this name"),
+        (["--plan", "--dry-run"], "--plan measures and writes nothing"),
+    ]
+    before = snapshot_tree(fake)
+    for extra, message in cases:
+        r = run_cli("--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", *extra)
+        assert r.code == 2 and message in r.err and "Traceback" not in r.err, (extra, r.err)
+    r = run_cli("--root", str(fake), "tune", "merge", str(good), "--space", "block_m=64", "--hw", "h200")
+    assert r.code == 2 and "merge: --space, --hw do not apply" in r.err, r.err
+    assert snapshot_tree(fake) == before
