@@ -779,3 +779,93 @@ def test_options_that_name_or_size_something_are_checked(fake, tmp_path):
     r = run_cli("--root", str(fake), "tune", "merge", str(good), "--space", "block_m=64", "--hw", "h200")
     assert r.code == 2 and "merge: --space, --hw do not apply" in r.err, r.err
     assert snapshot_tree(fake) == before
+
+
+def test_the_write_back_holds_the_build_lock_and_refuses_specs_changed_meanwhile(fake, tmp_path, monkeypatch):
+    from codegen import write
+    from codegen.tune import cli as tune_cli
+
+    argv = ["--root", str(fake), "tune", "matmul", "--hw", "a100", "--shapes", "512x512x512", "--quiet", "--no-build"]
+    before = snapshot_tree(fake / "specs")
+    with write.build_lock(fake / "generated"):
+        r = run_cli(*argv)
+    assert r.code == 2 and "another codegen build of this tree is running" in r.err, r.err
+    assert snapshot_tree(fake / "specs") == before
+    # The spec edited by hand while tune measured: tune's edit would lose it, so nothing is written.
+    real = tune_cli.write_back
+
+    def edited_meanwhile(root, found, outs):
+        (root / MATMUL).write_text((root / MATMUL).read_text() + "# a hand edit\n")
+        return real(root, found, outs)
+
+    monkeypatch.setattr(tune_cli, "write_back", edited_meanwhile)
+    r = run_cli(*argv)
+    assert r.code == 2 and f"{MATMUL} changed while tune ran; nothing written" in r.err, r.err
+    assert (fake / MATMUL).read_text().endswith("]\n# a hand edit\n") or "# a hand edit" in (fake / MATMUL).read_text()
+    assert 'targets = ["a100"]' not in (fake / MATMUL).read_text()
+
+
+_KILL = r"""
+import os, sys
+root, k = sys.argv[1], int(sys.argv[2])
+real, count = os.replace, [0]
+
+def replace(src, dst):  # the write-back's renames into the project; killed before the k-th
+    if str(dst).startswith(root):
+        if count[0] == k:
+            os._exit(137)
+        count[0] += 1
+    real(src, dst)
+
+os.replace = replace
+from codegen.cli import main
+code = main(sys.argv[3:])
+print("renames", count[0])
+sys.exit(code)
+"""
+
+
+def test_a_tune_killed_at_any_step_of_its_write_back_leaves_specs_and_generated_consistent(fake, tmp_path):
+    import shutil
+
+    results = tmp_path / "r.jsonl"
+    argv = ["tune", "matmul", "--hw", "a100", "--shapes", "512x512x512", "--quiet"]
+    assert run_cli("--root", str(fake), *argv, "--shard", "0/1", "--results", str(results)).code == 0
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def merge(k: int) -> tuple[Path, subprocess.CompletedProcess]:
+        root = tmp_path / f"k{k}"
+        shutil.copytree(fake, root)
+        cmd = [sys.executable, "-c", _KILL, str(root), str(k), "--root", str(root), "tune", "merge", str(results)]
+        return root, subprocess.run(cmd + ["--quiet"], cwd=REPO, env=env, capture_output=True, text=True)
+
+    done, full = merge(-1)  # no kill: the write-back's renames, and the state it ends in
+    assert full.returncode == 0, full.stderr
+    assert run_cli("--root", str(done), "check").code == 0
+    renames = int(full.stdout.split("renames ")[-1])
+    assert renames == 2, full.stdout  # the spec, then generated/matmul.py (a100 gets instantiations of its own)
+    old, new = snapshot_tree(fake), snapshot_tree(done)
+    assert old[MATMUL] != new[MATMUL] and old["generated/matmul.py"] != new["generated/matmul.py"]
+    # Killed before the first rename (every temporary file written), and with the spec renamed
+    # but not generated/matmul.py; the run above is the kill after the last.
+    for k in range(renames):
+        root, killed = merge(k)
+        assert killed.returncode == 137, killed.stderr
+        spec = (root / MATMUL).read_bytes()
+        assert spec in (old[MATMUL], new[MATMUL]), k  # never half a spec
+        # Either nothing changed, or the spec is in and the next build brings generated/ to it
+        # (the state the whole write-back leaves, which check passes).
+        assert run_cli("--root", str(root), "build").code == 0
+        expect = old if spec == old[MATMUL] else new
+        ours = ("specs/", "generated/", "schemas/")
+        after = {n: b for n, b in snapshot_tree(root).items() if n.startswith(ours)}
+        # A temporary spec file the kill left (a dot-file: the loader skips it) is all that differs.
+        temps = sorted(n for n in after if n.startswith("specs/") and "/." in n)
+        assert all(n.startswith("specs/kernels/.matmul.toml.") and n.endswith(".tmp") for n in temps), temps
+        assert {n: b for n, b in after.items() if n not in temps} == {
+            n: b for n, b in expect.items() if n.startswith(ours)
+        }, k
+        assert (spec == new[MATMUL]) == (k >= 1), k  # the spec is renamed first
+        if temps:  # the next write-back removes them
+            assert run_cli("--root", str(root), "tune", "merge", str(results), "--no-build", "--quiet").code == 0
+            assert not [n for n in snapshot_tree(root) if n.startswith("specs/") and "/." in n]

@@ -568,7 +568,14 @@ def write_back(root: Path, found: list[Edit], outs: list[pipeline.Output]) -> li
     for e in found:
         rel = Path(e.path).relative_to("specs").as_posix()
         changes.append(write.Change(rel, "update", e.before.encode(), e.after.encode()))
-    plan = write.Plan(specs, tuple(changes), (), ())
+    leftovers = []  # temporary files of a write-back that was killed, removed once this one is done
+    for change in changes:
+        target = specs / change.path
+        for tmp in sorted(target.parent.glob(f".{target.name}.*.tmp")):
+            match = write.TEMP_RE.match(tmp.name)
+            if match is not None and match["target"] == target.name and tmp.is_file():
+                leftovers.append(tmp.relative_to(specs).as_posix())
+    plan = write.Plan(specs, tuple(changes), (), (), tuple(leftovers))
 
     def unchanged_specs() -> None:
         for e, change in zip(found, changes):
