@@ -771,6 +771,7 @@ def test_options_that_name_or_size_something_are_checked(fake, tmp_path):
         (["--buckets", "small"], "--buckets goes with --space"),
         (["--space", "block_m=64", "--buckets", "nosuch"], "no policy has a bucket of this name"),
         (["--plan", "--dry-run"], "--plan measures and writes nothing"),
+        (["--results", str(fake / MATMUL)], "cannot create the results folder"),
     ]
     before = snapshot_tree(fake)
     for extra, message in cases:

@@ -469,7 +469,10 @@ def _tune_into(
         print(f"shard {i}/{n}: {len(rf.chunks)} of {len(p.shard(i, n))} chunks measured; results in {path}", file=out)
         return EXIT_OK
     devices = _devices(args)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TuneError(f"cannot create the results folder {folder}: {exc.strerror or exc}") from None
     if len(devices) > 1:
         files = _workers(p, args, root, devices, folder, budget, err)
         for rf in files:

@@ -175,11 +175,14 @@ class ResultsFile:
                 )
             old._rewrite_without_failures()
             return old
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(json.dumps(header, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(json.dumps(header, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise ResultsError(f"cannot write the results file {path}: {exc.strerror or exc}") from None
         return cls(path, header, {})
 
     def _rewrite_without_failures(self) -> None:
@@ -200,8 +203,11 @@ class ResultsFile:
             for i, line in sorted(self.chunks.items(), key=lambda t: self.lines[t[0]])
             if i not in failed
         ]
-        tmp = write.write_temp(self.path, ("\n".join(kept) + "\n").encode())
-        os.replace(tmp, self.path)
+        try:
+            tmp = write.write_temp(self.path, ("\n".join(kept) + "\n").encode())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise ResultsError(f"cannot rewrite the results file {self.path}: {exc.strerror or exc}") from None
         self.dropped = sorted(failed.items())
         for i in failed:
             del self.chunks[i]
@@ -212,10 +218,13 @@ class ResultsFile:
         return set(self.chunks)
 
     def append(self, line: Mapping[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(line, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise ResultsError(f"cannot append to the results file {self.path}: {exc.strerror or exc}") from None
         self.chunks[line["index"]] = dict(line)
         self.lines[line["index"]] = len(self.lines) + 2
 
