@@ -30,8 +30,10 @@ FAKE = 'harness = "tests.tune_fakes:HARNESS"'
 
 
 @pytest.fixture
-def fake(project: Path) -> Path:
-    """The project copy, its matmul family timed by the fake harness."""
+def fake(project: Path, monkeypatch) -> Path:
+    """The project copy, its matmul family timed by the fake harness, which needs no device: as
+    in Triton's interpreter (so a GPU of another part, on a GPU host, does not refuse the tune)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     spec = project / MATMUL
     text = spec.read_text()
     assert REAL in text
@@ -687,6 +689,13 @@ def test_merge_refuses_a_file_tune_did_not_write_by_name_and_line(fake, tmp_path
         r = run_cli("--root", str(fake), "tune", "merge", str(path), "--no-build")
         assert r.code == 2 and f"{path}{message}" in r.err and "Traceback" not in r.err, (path.name, r.err)
     assert (fake / MATMUL).read_bytes() == spec
+    # Resuming a damaged file is refused the same way, before anything is measured.
+    damaged = bad("damaged.jsonl", dumps(header, no_bucket))
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", "--space",
+        "block_n=32,128", "num_stages=4", "--buckets", "small", "--shard", "0/1", "--results", str(damaged), "--quiet",
+    )  # fmt: skip
+    assert r.code == 2 and f"{damaged}:2: chunk: bucket: Field required" in r.err and "--fresh" in r.err, r.err
     # The good file merges, and a line a kill cut short after it is ignored.
     cut = bad("cut", good.read_text() + lines[1][:40])
     r = run_cli("--root", str(fake), "tune", "merge", str(cut), "--dry-run")

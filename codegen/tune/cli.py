@@ -271,8 +271,12 @@ def _measure_shard(
 ) -> ResultsFile:
     from .measure import Shard
 
-    rf = ResultsFile.open(path, _header(p, i, n, command, pa), fresh=fresh)
-    rf.check_plan(p)
+    try:
+        rf = ResultsFile.open(path, _header(p, i, n, command, pa), fresh=fresh)
+        rf.check_plan(p)
+    except ResultsError as exc:
+        hint = "" if "--fresh" in str(exc) else "\n(resuming it: pass --fresh to measure again from the start)"
+        raise ResultsError(f"{exc}{hint}") from None
     if rf.dropped:
         why = rf.dropped[0][1]
         print(
