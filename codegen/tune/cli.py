@@ -4,8 +4,12 @@
 ``CUDA_VISIBLE_DEVICES``, taking every n-th chunk) or one shard (``--shard i/n``, for a batch
 scheduler: no write-back, a results file), then decides and writes the winners into the spec,
 checks that the edited specs build, and rebuilds generated/.  ``merge`` folds results files of
-one tune (from any hosts) and writes as ``tune`` would.  Exit codes as the other commands: 2 for
-bad input (unknown kernel or target, a bad --space, results of another plan), 3 for a bug.
+one tune (from any hosts) and writes as ``tune`` would.  Exit codes as the other commands
+(``codegen/exitcodes.py``): 2 for bad input, one line per problem naming the option or the file
+and line, with nothing written (an unknown kernel, target or model, a bad --space or one too
+large to plan, a target whose GPU is not here, a results file tune did not write or of another
+plan, specs edited while tune ran, another build holding the lock), 3 for a bug.  ``--plan``
+stops after the plan; ``--dry-run`` measures into a temporary folder and prints the diff.
 """
 
 from __future__ import annotations
