@@ -762,6 +762,10 @@ def test_results_whose_incumbent_failed_everywhere_are_measured_again(fake, tmp_
     assert again.chunks == {} and [i for i, _ in again.dropped] == [0, 1]
     assert len(path.read_text().splitlines()) == 1  # only the header is left
     assert len(Shard(p, 0, 1, again, budget_s=1e9).pending()) == len(p.chunks)
+    # A header a kill cut short (no complete line): the file starts over.
+    path.write_text(json.dumps(_header(p))[:30])
+    rf = ResultsFile.open(path, _header(p))
+    assert results_mod.read(path).header == rf.header and rf.chunks == {}
 
 
 def test_options_that_name_or_size_something_are_checked(fake, tmp_path):
