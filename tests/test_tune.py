@@ -675,6 +675,7 @@ def test_merge_refuses_a_file_tune_did_not_write_by_name_and_line(fake, tmp_path
         ),
         (bad("twice", dumps(header, chunk, chunk)), ":3: chunk 0 again (line 2 has it)"),
         (bad("garbled", dumps(header)[:-1] + "\n{not json\n"), ":2: not a JSON line"),
+        (bad("deep", dumps(header) + "[" * 100_000 + "]" * 100_000 + "\n"), ":2: not a JSON line"),
         (bad("second_header", dumps(header, header)), ":2: not a chunk line (a second header)"),
         (bad("other_index", dumps(header, dict(chunk, index=7))), ":2: chunk 7: the plan has 1 chunks"),
         (bad("other_keys", dumps(header, dict(chunk, keys=["0" * 12]))), ":2: chunk 0: its bucket and candidates"),

@@ -286,7 +286,7 @@ def read(path: Path) -> ResultsFile:
     not_ours = f"not a codegen tune results file (its first line is not tune's header"
     try:
         first = json.loads(complete[0].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise ResultsError(f"{path}:1: {not_ours}: not a JSON line)") from None
     if not isinstance(first, dict) or first.get("kind") != "header":
         raise ResultsError(f"{path}:1: {not_ours})")
@@ -304,7 +304,7 @@ def read(path: Path) -> ResultsFile:
         except UnicodeDecodeError:
             problems.append(f"{where}: not UTF-8 text")
             continue
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             problems.append(f"{where}: not a JSON line")
             continue
         if not isinstance(line, dict) or line.get("kind") != "chunk":
