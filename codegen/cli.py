@@ -15,18 +15,13 @@ import traceback
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from dataclasses import dataclass
-from typing import Callable
-
-from . import explain, pipeline, render, schema, write
+from . import explain, pipeline, write
 from .tune import args as tune_args
 from .errors import SpecErrors, bounded
+from .exitcodes import EXIT_INTERNAL, EXIT_INVALID, EXIT_IO, EXIT_OK, EXIT_STALE
+from .pipeline import Output, outputs
 from .records import Resolution
-from .render import Rendered, is_generated
 
-EXIT_OK, EXIT_STALE, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
-EXIT_IO = EXIT_INVALID  # generated/ (or a spec file) cannot be read or written
-OUT_DIR = "generated"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -179,23 +174,6 @@ def run() -> int:
         return EXIT_CLOSED_PIPE
 
 
-@dataclass(frozen=True)
-class Output:
-    """One folder the compiler writes: its name under the root, its files, its marker test."""
-
-    folder: str
-    rendered: Rendered
-    is_ours: Callable[[str], bool]
-
-
-def outputs(res: Resolution, command: str) -> list[Output]:
-    """What ``command`` writes or checks: generated/ and schemas/ (``schema``: schemas/ only)."""
-    out = [Output(schema.SCHEMA_DIR, schema.rendered(res.tree), schema.is_schema)]
-    if command != "schema":
-        out.insert(0, Output(OUT_DIR, render.render(res), is_generated))
-    return out
-
-
 def _unmeasured(res: Resolution, out: TextIO) -> None:
     """One line per config naming the targets no measured policy serves (base, tuned = false)."""
     for line in explain.unmeasured(res) + explain.unserved(res):
@@ -203,20 +181,7 @@ def _unmeasured(res: Resolution, out: TextIO) -> None:
 
 
 def _build(outs: list[Output], root: Path, out: TextIO) -> int:
-    with write.build_lock(root / OUT_DIR):
-        plans = [(o, write.plan(o.rendered, root / o.folder, o.is_ours)) for o in outs]
-        for _, plan in plans:
-            write.apply(plan)
-    for o, plan in plans:
-        for change in plan.changes:
-            verb = {"create": "created", "update": "updated", "delete": "deleted stale"}[change.kind]
-            print(f"{verb} {o.folder}/{change.path}", file=out)
-        for rel in plan.foreign:
-            print(f"left alone {o.folder}/{rel} (no 'Code generated' marker)", file=out)
-        for rel in plan.leftovers:
-            print(f"removed leftover temporary file {o.folder}/{rel}", file=out)
-        if not plan.changes:
-            print(f"{o.folder}/ is up to date ({len(plan.unchanged)} files)", file=out)
+    pipeline.report(pipeline.build(root, outs), out)
     return EXIT_OK
 
 

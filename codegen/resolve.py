@@ -206,14 +206,23 @@ def chain(cfg: Config, hw: Hardware) -> Policy | None:
 
 
 def resolve_target(
-    tree: SpecTree, cfg: Config, variant: str, target: str, model: str | None = None, policy: Policy | None = None
+    tree: SpecTree,
+    cfg: Config,
+    variant: str,
+    target: str,
+    model: str | None = None,
+    policy: Policy | None = None,
+    hints: bool = True,
 ) -> tuple[Resolved | None, list[SpecProblem]]:
     """One variant of ``cfg`` on one target, with ``policy`` in place of the one the target
     chains to when given (``codegen tune`` resolves its candidates so): the resolution, or None
-    and every problem found (check failures included)."""
+    and every problem found (check failures included).  ``hints=False``: a failed check's
+    message lacks the smaller values that would pass (searching them costs ~20 checks)."""
     hw = next(h for h in tree.hardware if h.name == target)
     problems: list = []
-    r = _resolve_one(cfg, cfg.variants[variant], hw, hw_namespace(hw), model_scope(tree, model), problems, policy)
+    r = _resolve_one(
+        cfg, cfg.variants[variant], hw, hw_namespace(hw), model_scope(tree, model), problems, policy, hints
+    )
     return (r if not problems else None), _merge_targets(cfg, problems)
 
 
@@ -225,6 +234,7 @@ def _resolve_one(
     model: ModelScope,
     problems: list[SpecProblem],
     policy: Policy | None = None,
+    hints: bool = True,
 ) -> Resolved | None:
     policy = policy if policy is not None else chain(cfg, hw)
     if policy is None:
@@ -251,13 +261,21 @@ def _resolve_one(
 
     context = _Where(policy.label, hw, model.label if model.name is not None else "", None)
     if policy.buckets is None:
-        record = _evaluate(cfg, policy.values, params, hw_ns, model, policy.keypath, context, problems)
+        record = _evaluate(cfg, policy.values, params, hw_ns, model, policy.keypath, context, problems, hints)
         return None if record is None else Resolved(hw.name, policy, record, None)
     buckets = []
     ok = True
     for bucket in policy.buckets:
         record = _evaluate(
-            cfg, bucket.values, params, hw_ns, model, bucket.keypath, replace(context, bucket=bucket.name), problems
+            cfg,
+            bucket.values,
+            params,
+            hw_ns,
+            model,
+            bucket.keypath,
+            replace(context, bucket=bucket.name),
+            problems,
+            hints,
         )
         if record is None:
             ok = False
@@ -275,6 +293,7 @@ def _evaluate(
     keypath: tuple,
     context: "_Where",
     problems: list,
+    hints: bool = True,
 ) -> Record | None:
     """Evaluate every field of one record, then run the config's checks on it."""
     missing = [f for f in cfg.fields if f not in values]
@@ -304,7 +323,7 @@ def _evaluate(
     failed = False
     for check in cfg.checks:
         fixes: list[str] = []
-        msg = _run_check(check, scope, fixes)
+        msg = _run_check(check, scope, fixes, hints)
         if msg:
             where = _check_keypath(cfg, check, values, keypath, fixes)
             problems.append(_CheckFailure(where, context, check.spec.name, msg, keypath))
@@ -351,8 +370,9 @@ def _type_error(name: str, ftype: str, choices: tuple | None, value: Any) -> str
     return None
 
 
-def _run_check(check: Check, scope: "Scope", fixes: list[str] | None = None) -> str | None:
-    """A failed check's message, or None; the fields whose smaller value would pass go to ``fixes``."""
+def _run_check(check: Check, scope: "Scope", fixes: list[str] | None = None, hints: bool = True) -> str | None:
+    """A failed check's message, or None; the fields whose smaller value would pass go to ``fixes``
+    (with ``hints``: tune's plans skip that search, which is most of a rejected candidate's cost)."""
     env = scope.env()
     try:
         if check.when is not None and not rules.evaluate(check.when, env):
@@ -360,7 +380,7 @@ def _run_check(check: Check, scope: "Scope", fixes: list[str] | None = None) -> 
         if rules.evaluate(check.rule, env):
             return None
         detail = rules.explain_failure(check.rule, env)
-        hint = _fitting_value(check, scope, fixes)
+        hint = _fitting_value(check, scope, fixes) if hints else None
         hint = f"; {hint} would pass" if hint else ""
         if check.spec.message:
             return f"{_format_message(check.spec.message, scope)} ({detail}){hint}"

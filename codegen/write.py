@@ -27,7 +27,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 try:
     import fcntl
@@ -176,83 +176,97 @@ def apply(p: Plan) -> None:
 
     Raises OutputError after restoring generated/ when a file cannot be written or deleted.
     """
-    writes = [c for c in p.changes if c.kind != "delete"]
-    deletes = [c for c in p.changes if c.kind == "delete"]
-    staged: list[tuple[str, Change]] = []  # (temporary file, change)
-    done: list[Change] = []  # changes already on disk, in order
-    pending: tuple[Change, str | None] | None = None  # the phase-2 step under way
-    what, rel = "create the folder", p.out_dir.name + "/"  # the step under way, for the message
+    apply_all([p])
+
+
+def apply_all(plans: Sequence[Plan]) -> None:
+    """Perform several plans as one, all or nothing: every plan's new files are written to
+    temporary files first, then moved into place in the order of ``plans`` (``codegen tune``
+    passes its spec edits first, then generated/ and schemas/), then stale files are deleted.
+    A failure puts every folder back as it was and raises OutputError naming the step."""
+    writes = [(p.out_dir, c) for p in plans for c in p.changes if c.kind != "delete"]
+    deletes = [(p.out_dir, c) for p in plans for c in p.changes if c.kind == "delete"]
+    folders = ", ".join(f"{p.out_dir.name}/" for p in plans)
+    unchanged = f"{folders} {'was' if len(plans) == 1 else 'were'} not changed"
+    staged: list[tuple[str, Path, Change]] = []  # (temporary file, folder, change)
+    done: list[tuple[Path, Change]] = []  # changes already on disk, in order
+    pending: tuple[Path, Change, str | None] | None = None  # the phase-2 step under way
+    what, rel = "create the folder", folders  # the step under way, for the message
     try:
-        p.out_dir.mkdir(parents=True, exist_ok=True)
+        for p in plans:
+            rel = p.out_dir.name + "/"
+            p.out_dir.mkdir(parents=True, exist_ok=True)
         # Phase 1: every file's bytes in a temporary file next to it.
-        for change in writes:
+        for out_dir, change in writes:
             assert change.new is not None
-            rel = _show(p.out_dir, change.path)
-            target = p.out_dir / change.path
+            rel = _show(out_dir, change.path)
+            target = out_dir / change.path
             what = "create the folder of"
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_dir() or (target.exists() and not target.is_file()):
-                raise OutputError(f"cannot write {rel}: it exists and is not a file; {p.out_dir.name}/ was not changed")
+                raise OutputError(f"cannot write {rel}: it exists and is not a file; {unchanged}")
             what = "write a temporary file for"
-            staged.append((_write_temp(target, change.new), change))
+            staged.append((write_temp(target, change.new), out_dir, change))
         # Phase 2: move them all into place, then delete stale files.
         what = "replace"
-        for tmp, change in staged:
-            rel = _show(p.out_dir, change.path)
-            pending = (change, tmp)  # an interrupt may surface after the rename itself is done
-            os.replace(tmp, p.out_dir / change.path)
-            done.append(change)
+        for tmp, out_dir, change in staged:
+            rel = _show(out_dir, change.path)
+            pending = (out_dir, change, tmp)  # an interrupt may surface after the rename itself is done
+            os.replace(tmp, out_dir / change.path)
+            done.append((out_dir, change))
             pending = None
         what = "delete"
-        for change in deletes:
-            rel = _show(p.out_dir, change.path)
-            pending = (change, None)
-            (p.out_dir / change.path).unlink()
-            done.append(change)
+        for out_dir, change in deletes:
+            rel = _show(out_dir, change.path)
+            pending = (out_dir, change, None)
+            (out_dir / change.path).unlink()
+            done.append((out_dir, change))
             pending = None
-    except BaseException as exc:  # also KeyboardInterrupt: put generated/ back, then re-raise
-        if pending is not None and pending[0] not in done:
-            change, tmp = pending
+    except BaseException as exc:  # also KeyboardInterrupt: put the folders back, then re-raise
+        if pending is not None and (pending[0], pending[1]) not in done:
+            out_dir, change, tmp = pending
             # Did the step happen although it raised?  Its temporary file is gone / its target is.
-            if not os.path.lexists(tmp if tmp is not None else p.out_dir / change.path):
-                done.append(change)
-        for tmp, _change in staged:
+            if not os.path.lexists(tmp if tmp is not None else out_dir / change.path):
+                done.append((out_dir, change))
+        for tmp, _out_dir, _change in staged:
             _remove(tmp)
         if isinstance(exc, OutputError):
             raise
-        not_restored = _undo(p.out_dir, done)
-        lost = f"could not restore {', '.join(_show(p.out_dir, c) for c in not_restored)}" if not_restored else ""
+        not_restored = _undo(done)
+        lost = f"could not restore {', '.join(not_restored)}" if not_restored else ""
         if not isinstance(exc, OSError):
             if lost:
                 exc.add_note(lost)
             raise
-        state = lost or f"{p.out_dir.name}/ was not changed"
+        state = lost or unchanged
         raise OutputError(f"cannot {what} {rel}: {os_reason(exc)}; {state}") from None
-    for leftover in p.leftovers:
-        _remove(str(p.out_dir / leftover))
+    for p in plans:
+        for leftover in p.leftovers:
+            _remove(str(p.out_dir / leftover))
 
 
-def _undo(out_dir: Path, done: list[Change]) -> list[str]:
+def _undo(done: list[tuple[Path, Change]]) -> list[str]:
     """Put back what apply already changed, newest first; the paths it could not restore."""
     failed = []
-    for change in reversed(done):
+    for out_dir, change in reversed(done):
         target = out_dir / change.path
         tmp = None
         try:
             if change.old is None:
                 target.unlink()
             else:
-                tmp = _write_temp(target, change.old)
+                tmp = write_temp(target, change.old)
                 os.replace(tmp, target)
         except OSError:
-            failed.append(change.path)
+            failed.append(_show(out_dir, change.path))
             if tmp is not None:
                 _remove(tmp)
     return sorted(failed)
 
 
-def _write_temp(target: Path, data: bytes) -> str:
-    """A temporary file next to ``target`` holding ``data`` (synced), named as TEMP_RE says."""
+def write_temp(target: Path, data: bytes) -> str:
+    """A temporary file next to ``target`` holding ``data`` (synced), named as TEMP_RE says;
+    ``os.replace`` it onto ``target`` to put the bytes in place atomically."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -30,8 +30,10 @@ FAKE = 'harness = "tests.tune_fakes:HARNESS"'
 
 
 @pytest.fixture
-def fake(project: Path) -> Path:
-    """The project copy, its matmul family timed by the fake harness."""
+def fake(project: Path, monkeypatch) -> Path:
+    """The project copy, its matmul family timed by the fake harness, which needs no device: as
+    in Triton's interpreter (so a GPU of another part, on a GPU host, does not refuse the tune)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     spec = project / MATMUL
     text = spec.read_text()
     assert REAL in text
@@ -46,6 +48,14 @@ def _smem(record: dict, dtype_bytes: int) -> int:
         ring += record["block_m"] * (record["block_n"] // record["epilogue_subtile"]) * dtype_bytes
         ring += 8 * record["num_stages"]
     return ring
+
+
+def _header(p, i: int = 0, n: int = 1, fingerprint: str | None = None) -> dict:
+    """A results file's header as tune writes it, for plan ``p``'s shard i/n."""
+    from codegen.tune.cli import _header as header
+
+    h = header(p, i, n, "test", {k: None for k in ("shapes", "space", "buckets", "rounds", "chunk", "model", "dtype")})
+    return dict(h, fingerprint=fingerprint or p.fingerprint)
 
 
 def _only_inserted(before: str, after: str) -> list[str]:
@@ -195,7 +205,7 @@ def test_resume_after_a_kill_measures_only_what_is_left(fake, tmp_path):
 
     p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096), (1, 4096, 4096)], chunk=16)
     path = tmp_path / "r.jsonl"
-    header = {"kind": "header", "fingerprint": p.fingerprint, "config": "matmul", "target": "h200", "shard": [0, 1]}
+    header = _header(p)
     shard = Shard(p, 0, 1, ResultsFile.open(path, header), budget_s=1e9)
 
     class Killed(Exception):
@@ -224,63 +234,57 @@ def test_resume_after_a_kill_measures_only_what_is_left(fake, tmp_path):
 def test_results_of_another_plan_are_refused(fake, tmp_path):
     p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096)])
     path = tmp_path / "r.jsonl"
-    ResultsFile.open(
-        path, {"kind": "header", "fingerprint": "000000000000", "config": "matmul", "target": "h200", "shard": [0, 1]}
-    )
+    ResultsFile.open(path, _header(p, fingerprint="000000000000"))
     with pytest.raises(ResultsError, match="another plan"):
-        ResultsFile.open(
-            path,
-            {"kind": "header", "fingerprint": p.fingerprint, "config": "matmul", "target": "h200", "shard": [0, 1]},
-        )
+        ResultsFile.open(path, _header(p))
     r = run_cli("--root", str(fake), "tune", "merge", str(path))
-    assert r.code == 2 and "specs changed since these results" in r.err
+    assert r.code == 2 and f"{path}: the specs changed since these results were measured" in r.err, r.err
 
 
-def test_two_workers_and_two_shards_merge_to_the_same_specs(fake):
+def test_two_workers_and_two_shards_merge_to_the_same_specs(fake, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"  # the same tree, for the shards and their merge
+    shutil.copytree(fake, other)
+    shutil.copytree(fake / "specs", tmp_path / "pristine" / "specs")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     base = [sys.executable, "-m", "codegen", "--root", str(fake), "tune", "matmul", "--hw", "h200", "--quiet"]
     plan_args = ["--shapes", "128x4096x4096", "1x4096x4096", "--chunk", "16"]
+    results = tmp_path / "results"
     two = subprocess.run(
-        base + plan_args + ["--devices", "7,9", "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True
+        base + plan_args + ["--devices", "7,9", "--no-build", "--results", str(results)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert two.returncode == 0, two.stderr + two.stdout
-    folders = list((fake / ".codegen-tune").iterdir())
-    assert len(folders) == 1
+    folders = list(results.iterdir())
+    assert len(folders) == 1 and not (fake / ".codegen-tune").exists()
     files = sorted(folders[0].glob("shard-*-of-2.jsonl"))
     got = [results_mod.read(f) for f in files]
     # One worker per device, pinned with CUDA_VISIBLE_DEVICES, on disjoint chunks covering the plan.
     assert [{line["device_env"] for line in r.chunks.values()} for r in got] == [{"7"}, {"9"}]
     assert not set(got[0].chunks) & set(got[1].chunks)
-    p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096), (1, 4096, 4096)], chunk=16)
+    p = plan(load.load(other), "matmul", "h200", shapes=[(128, 4096, 4096), (1, 4096, 4096)], chunk=16)
     assert set(got[0].chunks) | set(got[1].chunks) == {c.index for c in p.chunks}
     # The same tune as two shards in separate runs, merged.
     shard_files = []
     for i in range(2):
-        out = fake / f"s{i}.jsonl"
+        out = tmp_path / f"s{i}.jsonl"
         r = run_cli(
-            "--root",
-            str(fake),
-            "tune",
-            "matmul",
-            "--hw",
-            "h200",
-            *plan_args,
-            "--shard",
-            f"{i}/2",
-            "--results",
-            str(out),
-            "--quiet",
-        )
+            "--root", str(other), "tune", "matmul", "--hw", "h200", *plan_args, "--shard", f"{i}/2",
+            "--results", str(out), "--quiet",
+        )  # fmt: skip
         assert r.code == 0, r.err
         shard_files.append(str(out))
-    merged = run_cli("--root", str(fake), "tune", "merge", *shard_files, "--dry-run", "--quiet")
+    merged = run_cli("--root", str(other), "tune", "merge", *shard_files, "--no-build", "--quiet")
     assert merged.code == 0, merged.err
 
-    def diff_of(text: str) -> list[str]:
-        lines = [line for line in text.splitlines() if line.startswith(("+", "-"))]
-        return [line for line in lines if not line.startswith("+command = ")]
+    def spec(root: Path) -> list[str]:
+        return [line for line in (root / MATMUL).read_text().splitlines() if not line.startswith("command = ")]
 
-    assert diff_of(two.stdout) and diff_of(two.stdout) == diff_of(merged.out)
+    assert spec(fake) != spec(tmp_path / "pristine") and spec(fake) == spec(other)
 
 
 def test_decide_flips_the_backend_only_past_the_spread_and_keeps_what_it_is_told(fake):
@@ -550,3 +554,344 @@ def test_the_tune_harnesses_launch_the_body_and_constants_the_generated_wrappers
             assert [getattr(tuned.fallback, f) for f in fields] == [getattr(v.fallback, f) for f in fields], name
         kinds.add(v.kind)
     assert kinds == {"grouped", "small_m", "tma_persistent"}
+
+
+def test_a_space_too_large_to_plan_is_refused_before_any_candidate_is_resolved(fake, monkeypatch):
+    from codegen.tune import plan as plan_mod
+
+    resolved = []
+    monkeypatch.setattr(plan_mod, "resolve_target", lambda *a, **k: resolved.append(a) or (None, []))
+    ten = ",".join(str(1 << i) for i in range(10))
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096",
+        "--space", f"block_m={ten}", f"block_n={ten}", f"block_k={ten}", f"num_stages={ten}", f"num_warps={ten}",
+        f"group_m={ten}", "--dry-run",
+    )  # fmt: skip
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert "--space: the search space is too large to plan: 1,000,000 candidates" in r.err
+    assert "block_m 10 x block_n 10 x block_k 10 x num_stages 10 x num_warps 10 x group_m 10" in r.err
+    assert "over the cap of 2,000" in r.err and not resolved
+    assert not (fake / ".codegen-tune").exists()
+    # A spec's own space past the cap is refused naming the space and its line (the cap lowered
+    # here: the shipped spaces are under it; 128x4096x4096 falls in h200's small bucket, pointer's).
+    monkeypatch.setattr(plan_mod, "MAX_RECORDS", 100)
+    r = run_cli("--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", "--dry-run")
+    assert r.code == 2 and not resolved, r.err
+    line = (fake / MATMUL).read_text().splitlines().index('name = "pointer"')  # the table's header line
+    assert (
+        f"matmul.tune: the search space is too large to plan: 192 candidates (space pointer ({MATMUL}:{line})" in r.err
+    )
+    assert "= 192 in each of 1 bucket(s) (small)) x 2 variant(s) = 384 records" in r.err
+
+
+def test_codegen_has_no_import_cycle():
+    # Every import in codegen/ (function-level ones too), as a graph of its modules: no cycle.
+    # (tune/cli.py imported cli.py's exit codes and main while cli.py imports tune.)
+    import ast
+
+    pkg = REPO / "codegen"
+    names = {
+        ".".join(("codegen",) + p.relative_to(pkg).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in pkg.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                for a in node.names:
+                    deps.add(f"{module}.{a.name}" if f"{module}.{a.name}" in names else module)
+        deps &= set(names)
+        deps.discard(name)
+    assert len(graph) > 20 and "codegen.tune.cli" in graph["codegen.cli"]
+
+    def cycle_from(start: str, at: str, path: list[str]) -> list[str] | None:
+        for dep in sorted(graph[at]):
+            if dep == start:
+                return path + [dep]
+            if dep not in path:
+                found = cycle_from(start, dep, path + [dep])
+                if found:
+                    return found
+        return None
+
+    cycles = [c for c in (cycle_from(n, n, [n]) for n in sorted(graph)) if c]
+    assert cycles == [], cycles
+
+
+# -- what a user can give the tuner: each class of bad input exits 2, names it, writes nothing --
+
+
+def _results_file(fake: Path, tmp_path: Path) -> tuple[Path, object]:
+    """A real one-shard results file of a small fake-timed tune, and its plan."""
+    out = tmp_path / "r.jsonl"
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", "--space",
+        "block_n=32,128", "num_stages=4", "--buckets", "small", "--shard", "0/1", "--results", str(out), "--quiet",
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    from codegen.tune.cli import make_plan
+
+    h = results_mod.read(out).header
+    return out, make_plan(load.load(fake), "matmul", "h200", h["plan_args"], None)
+
+
+def test_merge_refuses_a_file_tune_did_not_write_by_name_and_line(fake, tmp_path):
+    good, p = _results_file(fake, tmp_path)
+    lines = good.read_text().splitlines()
+    assert len(lines) == 2  # the header and the one chunk
+    header, chunk = json.loads(lines[0]), json.loads(lines[1])
+
+    def bad(name: str, text: str | bytes) -> Path:
+        path = tmp_path / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return path
+
+    def dumps(*objs) -> str:
+        return "".join(json.dumps(o) + "\n" for o in objs)
+
+    shape = next(iter(chunk["shapes"]))
+    no_bucket = {k: v for k, v in chunk.items() if k != "bucket"}
+    nan_time = json.loads(json.dumps(chunk))
+    nan_time["shapes"][shape]["incumbent_ms"] = float("nan")
+    cases = [
+        (bad("binary", bytes(range(256)) * 4), ":1: not a codegen tune results file"),
+        (bad("empty", b""), ": empty: not a codegen tune results file"),
+        (bad("toml", (fake / MATMUL).read_text()), ":1: not a codegen tune results file"),
+        (
+            bad("bare_header", dumps({"kind": "header", "fingerprint": p.fingerprint})),
+            ":1: header: config: Field required",
+        ),
+        (bad("no_bucket", dumps(header, no_bucket)), ":2: chunk: bucket: Field required"),
+        (
+            bad("nan", dumps(header, nan_time)),
+            f":2: chunk: shapes.{shape}.incumbent_ms: Input should be a finite number",
+        ),
+        (bad("twice", dumps(header, chunk, chunk)), ":3: chunk 0 again (line 2 has it)"),
+        (bad("garbled", dumps(header)[:-1] + "\n{not json\n"), ":2: not a JSON line"),
+        (bad("deep", dumps(header) + "[" * 100_000 + "]" * 100_000 + "\n"), ":2: not a JSON line"),
+        (bad("second_header", dumps(header, header)), ":2: not a chunk line (a second header)"),
+        (bad("other_index", dumps(header, dict(chunk, index=7))), ":2: chunk 7: the plan has 1 chunks"),
+        (bad("other_keys", dumps(header, dict(chunk, keys=["0" * 12]))), ":2: chunk 0: its bucket and candidates"),
+        (bad("other_plan", dumps(dict(header, fingerprint="0" * 12), chunk)), ": the specs changed since these"),
+        (
+            bad("unknown_target", dumps(dict(header, target="nosuch"), chunk)),
+            ":1: its header's tune (matmul on nosuch)",
+        ),
+    ]
+    spec = (fake / MATMUL).read_bytes()
+    for path, message in cases:
+        r = run_cli("--root", str(fake), "tune", "merge", str(path), "--no-build")
+        assert r.code == 2 and f"{path}{message}" in r.err and "Traceback" not in r.err, (path.name, r.err)
+    assert (fake / MATMUL).read_bytes() == spec
+    # Resuming a damaged file is refused the same way, before anything is measured.
+    damaged = bad("damaged.jsonl", dumps(header, no_bucket))
+    r = run_cli(
+        "--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", "--space",
+        "block_n=32,128", "num_stages=4", "--buckets", "small", "--shard", "0/1", "--results", str(damaged), "--quiet",
+    )  # fmt: skip
+    assert r.code == 2 and f"{damaged}:2: chunk: bucket: Field required" in r.err and "--fresh" in r.err, r.err
+    # The good file merges, and a line a kill cut short after it is ignored.
+    cut = bad("cut", good.read_text() + lines[1][:40])
+    r = run_cli("--root", str(fake), "tune", "merge", str(cut), "--dry-run")
+    assert r.code == 0, r.err
+
+
+def test_a_tune_whose_device_is_not_here_refuses_at_once_and_writes_nothing(fake, monkeypatch):
+    import torch
+
+    from codegen.tune import cli as tune_cli
+
+    before = (fake / "specs").exists() and snapshot_tree(fake)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    r = run_cli("--root", str(fake), "tune", "attention", "--hw", "h200", "--dry-run")
+    assert r.code == 2 and "--hw h200: no GPU is visible here" in r.err and "Traceback" not in r.err, r.err
+    assert "--plan" in r.err and "TRITON_INTERPRET=1" in r.err
+    # --plan plans without a device, and writes nothing either.
+    r = run_cli("--root", str(fake), "tune", "attention", "--hw", "h200", "--plan")
+    assert r.code == 0 and "tune attention on h200" in r.out and "candidates" in r.out, r.err
+    # A GPU of another part (detection faked: no GPU here).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(tune_cli, "_detect", lambda root, i: ["h200", "h100"][i])
+    r = run_cli("--root", str(fake), "tune", "attention", "--hw", "h200")
+    assert r.code == 2 and "--hw h200: GPU 1 is h100, not h200" in r.err, r.err
+    assert snapshot_tree(fake) == before
+
+
+def snapshot_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_dry_run_writes_nothing_and_resumes_from_earlier_results(fake, tmp_path):
+    from tests import tune_fakes
+
+    before = snapshot_tree(fake)
+    argv = ["--root", str(fake), "tune", "matmul", "--hw", "a100", "--shapes", "512x512x512", "--quiet"]
+    r = run_cli(*argv, "--dry-run")
+    assert r.code == 0 and "+[[matmul.policy.amend]]" in r.out, r.err + r.out
+    assert snapshot_tree(fake) == before  # no .codegen-tune/, no spec, no generated/
+    # Results a shard left in .codegen-tune/ are resumed (read, not written) by a dry run.
+    assert run_cli(*argv, "--shard", "0/1").code == 0
+    before = snapshot_tree(fake)
+    assert any(".codegen-tune/" in name for name in before)
+    tune_fakes.CALLS.clear()
+    again = run_cli(*argv, "--dry-run")
+    assert again.code == 0 and "chunk(s) already measured" in again.err, again.err
+    assert not [c for c in tune_fakes.CALLS if c[0] == "kernel"] and again.out.count("+") == r.out.count("+")
+    assert snapshot_tree(fake) == before
+
+
+def test_results_whose_incumbent_failed_everywhere_are_measured_again(fake, tmp_path):
+    p = plan(load.load(fake), "matmul", "h200", shapes=[(128, 4096, 4096)], chunk=16)
+    path = tmp_path / "r.jsonl"
+    rf = ResultsFile.open(path, _header(p))
+    shape = p.shape_text(p.buckets[0].shapes[0])
+    for c in p.chunks[:2]:
+        rf.append(
+            {"kind": "chunk", "index": c.index, "bucket": c.bucket, "keys": list(c.keys), "seconds": 0.1, "pid": 1,
+             "device_env": "", "shapes": {shape: {"candidates": {}, "incumbent_failed": "set TRITON_INTERPRET=1"}}}
+        )  # fmt: skip
+    again = ResultsFile.open(path, _header(p))
+    assert again.chunks == {} and [i for i, _ in again.dropped] == [0, 1]
+    assert len(path.read_text().splitlines()) == 1  # only the header is left
+    assert len(Shard(p, 0, 1, again, budget_s=1e9).pending()) == len(p.chunks)
+    # A header a kill cut short (no complete line): the file starts over.
+    path.write_text(json.dumps(_header(p))[:30])
+    rf = ResultsFile.open(path, _header(p))
+    assert results_mod.read(path).header == rf.header and rf.chunks == {}
+
+
+def test_options_that_name_or_size_something_are_checked(fake, tmp_path):
+    good = tmp_path / "r.jsonl"
+    good.write_text("")
+    cases = [
+        (["--chunk", "0"], "--chunk 0: must be at least 1"),
+        (["--rounds", "-1"], "--rounds -1: must be at least 1"),
+        (["--budget", "nan"], "--budget nan: must be a positive number of seconds"),
+        (["--budget", "0"], "--budget 0: must be a positive number of seconds"),
+        (["--devices", ","], "--devices ',': give distinct GPU ids"),
+        (["--devices", "0,0"], "--devices '0,0': give distinct GPU ids"),
+        (["--model", "nosuch"], "--model nosuch: no such model spec (known: llama31_8b, qwen36)"),
+        (["--shard", "0/2", "--dry-run"], "--shard writes only its results file"),
+        (["--shapes", "1x2"], "shape 1x2: give one value per dimension (m, n, k)"),
+        (["--buckets", "small"], "--buckets goes with --space"),
+        (["--space", "block_m=64", "--buckets", "nosuch"], "no policy has a bucket of this name"),
+        (["--plan", "--dry-run"], "--plan measures and writes nothing"),
+        (["--results", str(fake / MATMUL)], "cannot create the results folder"),
+    ]
+    before = snapshot_tree(fake)
+    for extra, message in cases:
+        r = run_cli("--root", str(fake), "tune", "matmul", "--hw", "h200", "--shapes", "128x4096x4096", *extra)
+        assert r.code == 2 and message in r.err and "Traceback" not in r.err, (extra, r.err)
+    r = run_cli("--root", str(fake), "tune", "merge", str(good), "--space", "block_m=64", "--hw", "h200")
+    assert r.code == 2 and "merge: --space, --hw do not apply" in r.err, r.err
+    assert snapshot_tree(fake) == before
+
+
+def test_the_write_back_holds_the_build_lock_and_refuses_specs_changed_meanwhile(fake, tmp_path, monkeypatch):
+    from codegen import write
+    from codegen.tune import cli as tune_cli
+
+    argv = ["--root", str(fake), "tune", "matmul", "--hw", "a100", "--shapes", "512x512x512", "--quiet", "--no-build"]
+    before = snapshot_tree(fake / "specs")
+    with write.build_lock(fake / "generated"):
+        r = run_cli(*argv)
+    assert r.code == 2 and "another codegen build of this tree is running" in r.err, r.err
+    assert snapshot_tree(fake / "specs") == before
+    # The spec edited by hand while tune measured: tune's edit would lose it, so nothing is written.
+    real = tune_cli.write_back
+
+    def edited_meanwhile(root, found, outs):
+        (root / MATMUL).write_text((root / MATMUL).read_text() + "# a hand edit\n")
+        return real(root, found, outs)
+
+    monkeypatch.setattr(tune_cli, "write_back", edited_meanwhile)
+    r = run_cli(*argv)
+    assert r.code == 2 and f"{MATMUL} changed while tune ran; nothing written" in r.err, r.err
+    text = (fake / MATMUL).read_text()
+    assert text.endswith("# a hand edit\n") and 'targets = ["a100"]' not in text  # the hand edit stays
+
+
+_KILL = r"""
+import os, sys
+root, k = sys.argv[1], int(sys.argv[2])
+real, count = os.replace, [0]
+
+def replace(src, dst):  # the write-back's renames into the project; killed before the k-th
+    if str(dst).startswith(root):
+        if count[0] == k:
+            os._exit(137)
+        count[0] += 1
+    real(src, dst)
+
+os.replace = replace
+from codegen.cli import main
+code = main(sys.argv[3:])
+print("renames", count[0])
+sys.exit(code)
+"""
+
+
+def test_a_tune_killed_at_any_step_of_its_write_back_leaves_specs_and_generated_consistent(fake, tmp_path):
+    import shutil
+
+    results = tmp_path / "r.jsonl"
+    argv = ["tune", "matmul", "--hw", "a100", "--shapes", "512x512x512", "--space", "block_n=64,128,256", "--quiet"]
+    assert run_cli("--root", str(fake), *argv, "--shard", "0/1", "--results", str(results)).code == 0
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def merge(k: int) -> tuple[Path, subprocess.CompletedProcess]:
+        root = tmp_path / f"k{k}"
+        shutil.copytree(fake, root)
+        cmd = [sys.executable, "-c", _KILL, str(root), str(k), "--root", str(root), "tune", "merge", str(results)]
+        return root, subprocess.run(cmd + ["--quiet"], cwd=REPO, env=env, capture_output=True, text=True)
+
+    # No kill (in this process): the write-back's renames into the project, and the state it ends in.
+    done = tmp_path / "done"
+    shutil.copytree(fake, done)
+    real, renamed = os.replace, []
+
+    def replace(src, dst):
+        renamed.extend([str(dst)] if str(dst).startswith(str(done)) else [])
+        real(src, dst)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "replace", replace)
+        full = run_cli("--root", str(done), "tune", "merge", str(results), "--quiet")
+    assert full.code == 0, full.err
+    assert run_cli("--root", str(done), "check").code == 0
+    renames = len(renamed)  # the spec, then generated/matmul.py (a100 gets instantiations of its own)
+    assert [Path(r).relative_to(done).as_posix() for r in renamed] == [MATMUL, "generated/matmul.py"]
+    old, new = snapshot_tree(fake), snapshot_tree(done)
+    assert old[MATMUL] != new[MATMUL] and old["generated/matmul.py"] != new["generated/matmul.py"]
+    # Killed before the first rename (every temporary file written), and with the spec renamed
+    # but not generated/matmul.py; the run above is the kill after the last.
+    for k in range(renames):
+        root, killed = merge(k)
+        assert killed.returncode == 137, killed.stderr
+        spec = (root / MATMUL).read_bytes()
+        assert spec in (old[MATMUL], new[MATMUL]), k  # never half a spec
+        # Either nothing changed, or the spec is in and the next build brings generated/ to it
+        # (the state the whole write-back leaves, which check passes).
+        assert run_cli("--root", str(root), "build").code == 0
+        expect = old if spec == old[MATMUL] else new
+        ours = ("specs/", "generated/", "schemas/")
+        after = {n: b for n, b in snapshot_tree(root).items() if n.startswith(ours)}
+        # A temporary spec file the kill left (a dot-file: the loader skips it) is all that differs.
+        temps = sorted(n for n in after if n.startswith("specs/") and "/." in n)
+        assert all(n.startswith("specs/kernels/.matmul.toml.") and n.endswith(".tmp") for n in temps), temps
+        assert {n: b for n, b in after.items() if n not in temps} == {
+            n: b for n, b in expect.items() if n.startswith(ours)
+        }, k
+        assert (spec == new[MATMUL]) == (k >= 1), k  # the spec is renamed first
+        if temps:  # the next write-back removes them
+            assert run_cli("--root", str(root), "tune", "merge", str(results), "--no-build", "--quiet").code == 0
+            assert not [n for n in snapshot_tree(root) if n.startswith("specs/") and "/." in n]

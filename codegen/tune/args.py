@@ -39,6 +39,8 @@ def add_parser(sub: Any) -> None:  # noqa: C901 - one flag per line
     t.add_argument("--scope", choices=("target", "policy"), default="target",
                    help="target: a winner applies only to the part it was measured on (default); policy: to "
                    "every part its policy serves")  # fmt: skip
-    t.add_argument("--dry-run", action="store_true", help="print the spec diff instead of writing it")
+    t.add_argument("--plan", action="store_true", help="print the plan and stop: measure and write nothing")
+    t.add_argument("--dry-run", action="store_true",
+                   help="measure, then print the spec diff; write nothing (results go to a temporary folder)")  # fmt: skip
     t.add_argument("--no-build", action="store_true", help="write the specs but do not rebuild generated/")
     t.add_argument("--quiet", action="store_true", help="no progress bar (CI logs); the summary still prints")

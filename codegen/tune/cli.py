@@ -4,14 +4,19 @@
 ``CUDA_VISIBLE_DEVICES``, taking every n-th chunk) or one shard (``--shard i/n``, for a batch
 scheduler: no write-back, a results file), then decides and writes the winners into the spec,
 checks that the edited specs build, and rebuilds generated/.  ``merge`` folds results files of
-one tune (from any hosts) and writes as ``tune`` would.  Exit codes as the other commands: 2 for
-bad input (unknown kernel or target, a bad --space, results of another plan), 3 for a bug.
+one tune (from any hosts) and writes as ``tune`` would.  Exit codes as the other commands
+(``codegen/exitcodes.py``): 2 for bad input, one line per problem naming the option or the file
+and line, with nothing written (an unknown kernel, target or model, a bad --space or one too
+large to plan, a target whose GPU is not here, a results file tune did not write or of another
+plan, specs edited while tune ran, another build holding the lock), 3 for a bug.  ``--plan``
+stops after the plan; ``--dry-run`` measures into a temporary folder and prints the diff.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import shlex
 import shutil
@@ -24,6 +29,7 @@ from typing import Any, Sequence, TextIO
 
 from .. import pipeline, write
 from ..errors import SpecErrors
+from ..exitcodes import EXIT_INVALID, EXIT_OK
 from ..records import SpecTree
 from . import results as results_mod
 from .decide import Verdict, decide
@@ -39,17 +45,121 @@ class TuneError(Exception):
 
 
 def run(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
-    from ..cli import EXIT_INVALID
-
     try:
         if args.kernel == "merge":
             return _merge(args, root, argv, out, err)
         if args.files:
             raise TuneError(f"unexpected arguments {' '.join(args.files)} (only `tune merge` takes files)")
+        _check_options(args)
         return _tune(args, root, argv, out, err)
-    except (PlanError, ResultsError, WriteBackError, TuneError) as exc:
+    except (PlanError, ResultsError, WriteBackError, TuneError, write.OutputError) as exc:
         print(f"codegen tune: {exc}", file=err)
         return EXIT_INVALID
+
+
+# -- options --------------------------------------------------------------------------------
+
+# Options that decide a plan or a measurement: `tune merge` takes them from the results' header.
+_PLAN_OPTIONS = ("shapes", "space", "buckets", "rounds", "chunk", "model", "dtype", "shard", "devices", "budget")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Options checked before anything is loaded or written (names are checked against the
+    specs when the plan is made: --hw, the config, --space fields, --buckets, --model)."""
+    _shapes(args.shapes)
+    for flag in ("chunk", "rounds"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise TuneError(f"--{flag} {value}: must be at least 1")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise TuneError(f"--budget {args.budget:g}: must be a positive number of seconds")
+    if args.shard is not None:
+        _shard(args.shard)
+        if args.devices:
+            raise TuneError("--shard measures on the device here; --devices goes with a tune of all shards")
+        if args.dry_run:
+            raise TuneError("--shard writes only its results file, never specs: drop --dry-run (or --shard)")
+    if args.devices is not None:
+        ids = [d.strip() for d in args.devices.split(",")]
+        if (
+            not all(ids)
+            or len(set(ids)) != len(ids)
+            or not all(d.isdigit() or d.startswith(("GPU-", "MIG-")) for d in ids)
+        ):
+            raise TuneError(
+                f"--devices {args.devices!r}: give distinct GPU ids (0,1 or GPU-... UUIDs), comma-separated"
+            )
+    if args.plan and (args.dry_run or args.no_build or args.fresh):
+        raise TuneError("--plan measures and writes nothing: it does not go with --dry-run, --no-build or --fresh")
+
+
+def _check_merge_options(args: argparse.Namespace) -> None:
+    given = [f"--{f}" for f in _PLAN_OPTIONS if getattr(args, f) not in (None, [], False)]
+    given += ["--hw"] if args.hw != "auto" else []
+    given += ["--fresh"] if args.fresh else []
+    given += ["--plan"] if args.plan else []
+    if given:
+        raise TuneError(
+            f"merge: {', '.join(given)} do not apply: the plan is the one the results' header records "
+            "(merge takes --scope, --dry-run, --no-build, --quiet)"
+        )
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise TuneError(f"--shard: expected I/N, got {text!r}") from None
+    if not (0 <= i < n):
+        raise TuneError(f"--shard {text}: I must be in 0..N-1")
+    return i, n
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+def _device_here(tree: SpecTree, target: str, root: Path, devices: Sequence[str] | None) -> None:
+    """Refuse a measurement of ``target`` where no device of it is: no GPU visible (unless
+    Triton's interpreter runs the kernels on the CPU), or a visible one of another part."""
+    if _interpreted():
+        return
+    try:
+        import torch
+    except ImportError:
+        raise TuneError("measuring needs torch; pass --plan to plan only") from None
+    how = "pass --plan to plan only, or set TRITON_INTERPRET=1 to time in Triton's CPU interpreter"
+    if not torch.cuda.is_available():
+        raise TuneError(f"--hw {target}: no GPU is visible here, so nothing of {target} can be timed; {how}")
+    count = torch.cuda.device_count()
+    if devices is None:
+        indexes = list(range(count))
+    elif os.environ.get("CUDA_VISIBLE_DEVICES") is None and all(d.isdigit() for d in devices):
+        missing = [d for d in devices if int(d) >= count]
+        if missing:
+            raise TuneError(f"--devices: no GPU {', '.join(missing)} here ({count} visible)")
+        indexes = [int(d) for d in devices]
+    else:
+        indexes = []  # ids this process cannot map: each worker checks its own device
+    found = {i: _detect(root, i) for i in indexes}
+    wrong = {i: name for i, name in found.items() if name != target}
+    if wrong:
+        listed = ", ".join(f"GPU {i} is {name}" for i, name in sorted(wrong.items()))
+        raise TuneError(f"--hw {target}: {listed}, not {target}: run where an {target} is, or pass --devices; {how}")
+
+
+def _detect(root: Path, index: int) -> str:
+    """The hardware spec name of CUDA device ``index``, as the built tree detects it."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        from generated.dispatch import target_name  # the built tree's own detection
+    except ImportError as exc:
+        raise TuneError(f"detecting the device needs the built generated/ package ({exc})") from None
+    try:
+        return target_name(None, device=index)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        return f"unknown ({exc})"
 
 
 # -- planning -------------------------------------------------------------------------------
@@ -165,7 +275,19 @@ def _measure_shard(
 ) -> ResultsFile:
     from .measure import Shard
 
-    rf = ResultsFile.open(path, _header(p, i, n, command, pa), fresh=fresh)
+    try:
+        rf = ResultsFile.open(path, _header(p, i, n, command, pa), fresh=fresh)
+        rf.check_plan(p)
+    except ResultsError as exc:
+        hint = "" if "--fresh" in str(exc) else "\n(resuming it: pass --fresh to measure again from the start)"
+        raise ResultsError(f"{exc}{hint}") from None
+    if rf.dropped:
+        why = rf.dropped[0][1]
+        print(
+            f"{path}: measuring {len(rf.dropped)} chunk(s) again, whose incumbent failed on every shape "
+            f"({' '.join(why.split())[:200]})",
+            file=err,
+        )
     shard = Shard(p, i, n, rf, budget)
     pending = shard.pending()
     done_before = len(p.shard(i, n)) - len(pending)
@@ -312,28 +434,57 @@ def _tune(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO
     t0 = time.monotonic()
     tree = _load(root)
     target = _target(tree, args.hw, root)
+    if args.model is not None and args.model not in tree.models:
+        raise TuneError(f"--model {args.model}: no such model spec (known: {', '.join(sorted(tree.models))})")
+    if not args.plan:
+        devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+        if target in {h.name for h in tree.hardware}:  # an unknown name: the plan says so
+            _device_here(tree, target, root, devices)
     pa = plan_args(args)
     p = make_plan(tree, args.kernel, target, pa, args.budget)
     _describe(p, out)
+    if args.plan:
+        return EXIT_OK
+    if args.dry_run:  # measure into a temporary folder (seeded with earlier results): write nothing
+        with tempfile.TemporaryDirectory(prefix="codegen-tune-") as tmp:
+            real = _results_dir(args, root, p)
+            scratch = Path(tmp) / real.name
+            if real.is_dir() and not args.fresh:
+                shutil.copytree(real, scratch, ignore=shutil.ignore_patterns("*.log"))
+            return _tune_into(tree, p, scratch, args, root, argv, out, err, t0)
+    return _tune_into(tree, p, _results_dir(args, root, p), args, root, argv, out, err, t0)
+
+
+def _tune_into(
+    tree: SpecTree,
+    p: Plan,
+    folder: Path,
+    args: argparse.Namespace,
+    root: Path,
+    argv: Sequence[str],
+    out: TextIO,
+    err: TextIO,
+    t0: float,
+) -> int:
+    pa = plan_args(args)
     command = "python -m codegen " + " ".join(shlex.quote(a) for a in argv)
     budget = float(args.budget if args.budget is not None else p.budget_s)
-    folder = _results_dir(args, root, p)
     if args.shard:
-        try:
-            i, n = (int(x) for x in args.shard.split("/"))
-        except ValueError:
-            raise TuneError(f"--shard: expected I/N, got {args.shard!r}") from None
-        if not (0 <= i < n):
-            raise TuneError(f"--shard {args.shard}: I must be in 0..N-1")
+        i, n = _shard(args.shard)
         path = args.results if args.results is not None and args.results.suffix == ".jsonl" else None
         path = path or folder / f"shard-{i}-of-{n}.jsonl"
         rf = _measure_shard(p, i, n, path, budget, args.fresh, command, pa, args.quiet, err)
         print(f"shard {i}/{n}: {len(rf.chunks)} of {len(p.shard(i, n))} chunks measured; results in {path}", file=out)
-        return 0
+        return EXIT_OK
     devices = _devices(args)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TuneError(f"cannot create the results folder {folder}: {exc.strerror or exc}") from None
     if len(devices) > 1:
         files = _workers(p, args, root, devices, folder, budget, err)
+        for rf in files:
+            rf.check_plan(p)
     else:
         path = folder / "shard-0-of-1.jsonl"
         files = [_measure_shard(p, 0, 1, path, budget, args.fresh, command, pa, args.quiet, err)]
@@ -346,16 +497,33 @@ def _tune(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO
 def _merge(args: argparse.Namespace, root: Path, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     if not args.files:
         raise TuneError("merge: give the results files of the shards")
-    files = [results_mod.read(Path(f)) for f in args.files]
+    _check_merge_options(args)
+    files, problems = [], []
+    for f in args.files:
+        try:
+            files.append(results_mod.read(Path(f)))
+        except ResultsError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ResultsError("\n".join(problems))
     merged = results_mod.merge(files)
     tree = _load(root)
     h = files[0].header
-    p = make_plan(tree, h["config"], h["target"], h.get("plan_args", {}), None)
-    if p.fingerprint != merged.fingerprint:
+    try:
+        p = make_plan(tree, h["config"], h["target"], h["plan_args"], None)
+    except (PlanError, TuneError) as exc:
         raise TuneError(
-            f"the specs changed since these results were measured (plan {merged.fingerprint}, now {p.fingerprint}): "
-            "merge on the tree the tune ran on"
+            f"{files[0].path}:1: its header's tune ({h['config']} on {h['target']}) cannot be planned on these "
+            f"specs: {exc}"
+        ) from None
+    if p.fingerprint != merged.fingerprint:
+        names = ", ".join(str(f.path) for f in files)
+        raise TuneError(
+            f"{names}: the specs changed since these results were measured (their plan {merged.fingerprint}, these "
+            f"specs give {p.fingerprint}): merge on the tree the tune ran on"
         )
+    for f in files:
+        f.check_plan(p)
     counts = {tuple(f.header["shard"])[1] for f in files}
     if len(counts) == 1:
         n = counts.pop()
@@ -378,8 +546,8 @@ def _conclude(
     if not found:
         held = all(v.best is not None and not v.incumbent_failed for v in verdicts)
         print("no spec changes: " + ("the incumbents held" if held else "see the table"), file=out)
-        return 0
-    _verify(root, found)
+        return EXIT_OK
+    outs = _verify(root, found)
     if args.dry_run:
         for e in found:
             out.write(
@@ -389,31 +557,65 @@ def _conclude(
                     )
                 )
             )
-        return 0
+        return EXIT_OK
+    built = write_back(root, found, [] if args.no_build else outs)
     for e in found:
-        target = root / e.path
-        tmp = write._write_temp(target, e.after.encode())
-        os.replace(tmp, target)
         print(f"wrote {e.path}", file=out)
     if args.no_build:
         print("specs written; run `python -m codegen build` to regenerate generated/", file=out)
-        return 0
-    from ..cli import main as codegen_main
+        return EXIT_OK
+    pipeline.report(built, out)
+    return EXIT_OK
 
-    return codegen_main(["--root", str(root), "build"], out=out, err=err)
+
+def write_back(root: Path, found: list[Edit], outs: list[pipeline.Output]) -> list:
+    """The edited specs and what they build (``outs``: generated/ and schemas/, none with
+    --no-build) written as one transaction under the tree's build lock (``pipeline.build``): the
+    spec files are renamed into place first, so a tune killed at any moment leaves either the
+    old specs and outputs, or the new specs (which the next build makes generated/ agree with).
+    A spec file changed since tune read it is not overwritten."""
+    specs = root / "specs"
+    changes = []
+    for e in found:
+        rel = Path(e.path).relative_to("specs").as_posix()
+        changes.append(write.Change(rel, "update", e.before.encode(), e.after.encode()))
+    leftovers = []  # temporary files of a write-back that was killed, removed once this one is done
+    for change in changes:
+        target = specs / change.path
+        for tmp in sorted(target.parent.glob(f".{target.name}.*.tmp")):
+            match = write.TEMP_RE.match(tmp.name)
+            if match is not None and match["target"] == target.name and tmp.is_file():
+                leftovers.append(tmp.relative_to(specs).as_posix())
+    plan = write.Plan(specs, tuple(changes), (), (), tuple(leftovers))
+
+    def unchanged_specs() -> None:
+        for e, change in zip(found, changes):
+            try:
+                now = (specs / change.path).read_bytes()
+            except OSError as exc:
+                raise WriteBackError(f"cannot read {e.path}: {exc.strerror or exc}; nothing written") from None
+            if now != change.old:
+                raise WriteBackError(
+                    f"{e.path} changed while tune ran; nothing written: run the same command again to decide "
+                    "from the results measured so far"
+                )
+
+    return pipeline.build(root, outs, before=[plan], check=unchanged_specs)
 
 
-def _verify(root: Path, found: list[Edit]) -> None:
-    """The edited specs must build: resolve and render a copy of the tree with them."""
+def _verify(root: Path, found: list[Edit]) -> list[pipeline.Output]:
+    """The edited specs must build: resolve and render a copy of the tree with them; what
+    they build (generated/ and schemas/ of the root, once the edits are in)."""
     with tempfile.TemporaryDirectory(prefix="codegen-tune-") as tmp:
         copy = Path(tmp)
         shutil.copytree(root / "specs", copy / "specs")
         if (root / "templates").is_dir():
             shutil.copytree(root / "templates", copy / "templates")
         for e in found:
-            (copy / e.path).write_text(e.after)
+            (copy / e.path).write_bytes(e.after.encode())
         try:
-            pipeline.run(copy)
+            res = pipeline.run(copy, until="tree_to_resolution")
+            return pipeline.outputs(res, "build")
         except SpecErrors as exc:
             lines = "\n  ".join(pr.render() for pr in exc.problems)
             raise WriteBackError(f"the written specs would not build (nothing written):\n  {lines}") from None

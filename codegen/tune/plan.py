@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
@@ -260,6 +261,9 @@ def plan(
         if s not in by_bucket.setdefault(slot.name, []):
             by_bucket[slot.name].append(s)
     spaces = (space,) if space is not None else tune.spaces
+    _check_size(
+        cfg, [sl.name for sl in slots if sl.name in by_bucket], spaces, "--space" if space is not None else None
+    )
     bplans = [
         _bucket_plan(tree, target, cfg, sl, tuple(by_bucket[sl.name]), spaces, model)
         for sl in slots
@@ -317,6 +321,41 @@ def plan(
     )
 
 
+# The most records (candidates x the config's variants) a plan resolves and checks.  Each takes
+# 0.5-1 ms on the project's 2-core machine (2026-12-01: matmul on h200, 679 candidates x 2
+# variants, 0.76 s; moe_launch on h200, 598 x 2, 1.1 s), so a plan at the cap takes a second or
+# two; and 1,000 candidates take about 10 minutes to time on the H200 (matmul's 560 over 8 shapes
+# took 327 s).  A space past it is a slip (an axis too many) or wants --buckets and fewer values.
+MAX_RECORDS = 2000
+
+
+def _check_size(cfg: Config, buckets: Sequence[str], spaces: Sequence[TuneSpace], option: str | None) -> None:
+    """Refuse, before resolving anything, a plan of more than MAX_RECORDS records: the product
+    of each space's axes, times the buckets (with shapes) it applies to, times the variants."""
+    parts = []
+    total = 0
+    for sp in spaces:
+        applies = [b for b in buckets if sp.buckets is None or b in sp.buckets]
+        if not applies:
+            continue
+        product = math.prod(len(v) for v in sp.axes.values())
+        total += product * len(applies)
+        axes = " x ".join(f"{name} {len(v)}" for name, v in sp.axes.items())
+        where = "" if option else f"space {sp.name} ({cfg.source.where(sp.keypath)}): "
+        text = f"{where}{axes} = {product:,} in each of {len(applies)} bucket(s) ({', '.join(applies)})"
+        parts.append((product * len(applies), text))
+    records = total * len(cfg.variants)
+    if records <= MAX_RECORDS:
+        return
+    parts.sort(key=lambda p: -p[0])
+    raise PlanError(
+        f"{option or cfg.name + '.tune'}: the search space is too large to plan: {total:,} candidates ({'; '.join(t for _, t in parts)}) "
+        f"x {len(cfg.variants)} variant(s) = {records:,} records to resolve and check, over the cap of "
+        f"{MAX_RECORDS:,} (each takes about 1 ms to check, so a plan stays within a second or two, and 1,000 "
+        "candidates take about 10 minutes to time on an H200): give fewer values, or name --buckets"
+    )
+
+
 # The one "bucket" of a config that is not bucketed: its policy's record.
 PLAIN = "policy"
 
@@ -332,16 +371,18 @@ class _Slot:
     index: int | None  # the bucket's position; None for PLAIN
 
     def with_values(self, values: Mapping[str, Value]) -> Policy:
+        """The policy with ``values`` in this slot; of a bucketed policy, only this bucket (each
+        bucket's record is resolved and checked on its own, so the others need not be: a
+        candidate costs one record per variant, not one per bucket)."""
         merged = FrozenMap({**self.values, **values})
         if self.index is None:
             return replace(self.policy, values=merged)
         buckets = self.policy.buckets
         assert buckets is not None
-        changed = replace(buckets[self.index], values=merged)
-        return replace(self.policy, buckets=buckets[: self.index] + (changed,) + buckets[self.index + 1 :])
+        return replace(self.policy, buckets=(replace(buckets[self.index], values=merged),))
 
     def record(self, resolved: Any) -> Any:
-        return resolved.record if self.index is None else resolved.buckets[self.index].record
+        return resolved.record if self.index is None else resolved.buckets[0].record
 
 
 def _slots(policy: Policy) -> list[_Slot]:
@@ -368,7 +409,7 @@ def _bucket_plan(
         pol = slot.with_values(values)
         records = {}
         for v in sorted(cfg.variants):
-            r, problems = resolve_target(tree, cfg, v, target, model, pol)
+            r, problems = resolve_target(tree, cfg, v, target, model, pol, hints=False)
             if r is None:
                 first = problems[0].rule if problems else "no record"
                 return None, first + ("" if len(cfg.variants) == 1 else f" [variant {v}]")
