@@ -377,7 +377,10 @@ def test_module_and_package_warmup_report():
         (["--hw", "nope"], "unknown --hw 'nope'; known: a10, a100"),
         (["--hw", "h200", "--dtypes", "int8"], "unknown dtype 'int8'; expected bfloat16, float16, float32"),
         (["--hw", "h200", "--modules", "nope"], "unknown module 'nope'; known: attention, cache, matmul, moe"),
-        (["--hw", "h200", "--models", "gpt2"], "unknown model 'gpt2'; known: deepseek_v3, gemma2_9b, gpt_oss_20b, llama31_8b, qwen36"),
+        (
+            ["--hw", "h200", "--models", "gpt2"],
+            "unknown model 'gpt2'; known: deepseek_v3, gemma2_9b, gpt_oss_20b, llama31_8b, qwen36",
+        ),
         (["--hw", "h200", "--package", "no_such_package"], "cannot import the generated package 'no_such_package'"),
     ],
 )
