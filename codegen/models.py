@@ -355,22 +355,18 @@ class ModelSpec(Spec):
         unknown = sorted(set(self.constant_names) - set(MODEL_DIMENSIONS))
         if unknown:
             raise ValueError(f"constant_names names no dimension: {', '.join(unknown)}")
-        routing = [f for f in MODEL_MOE_FEATURES if f in self.model_fields_set]
+        routing = [f for f in MODEL_EXPERT_FEATURES if f in self.model_fields_set]
         if routing and self.num_experts is None:
-            raise ValueError(f"{', '.join(routing)}: MoE routing fields need num_experts and top_k")
-        if (self.moe_num_expert_group is None) != (self.moe_topk_group is None):
-            raise ValueError("moe_num_expert_group and moe_topk_group go together: grouped routing sets both")
-        if self.moe_num_expert_group is not None and self.moe_topk_group is not None:
-            if self.num_experts is not None and self.num_experts % self.moe_num_expert_group:
-                raise ValueError(
-                    f"num_experts ({self.num_experts}) must be a multiple of moe_num_expert_group "
-                    f"({self.moe_num_expert_group})"
-                )
-            if self.moe_topk_group > self.moe_num_expert_group:
-                raise ValueError(
-                    f"moe_topk_group ({self.moe_topk_group}) must be <= moe_num_expert_group "
-                    f"({self.moe_num_expert_group})"
-                )
+            raise ValueError(f"{', '.join(routing)}: routing fields need num_experts and top_k")
+        groups_name, topk_name = "moe_num_expert_group", "moe_topk_group"
+        groups, topk_groups = getattr(self, groups_name), getattr(self, topk_name)
+        if (groups is None) != (topk_groups is None):
+            raise ValueError(f"{groups_name} and {topk_name} go together: grouped routing sets both")
+        if groups is not None and topk_groups is not None:
+            if self.num_experts is not None and self.num_experts % groups:
+                raise ValueError(f"num_experts ({self.num_experts}) must be a multiple of {groups_name} ({groups})")
+            if topk_groups > groups:
+                raise ValueError(f"{topk_name} ({topk_groups}) must be <= {groups_name} ({groups})")
         return self
 
 
@@ -392,8 +388,8 @@ MODEL_DIMENSIONS: tuple[str, ...] = (
 # (None, False, or the plain kind: softmax scoring, SiLU).  A model's features are those that
 # differ from the default: generated/dispatch.py's MODEL_DIMS carries them beside the
 # dimensions, so warm-up compiles the kernel specializations they select, and rules may read them.
-MODEL_ATTENTION_FEATURES: tuple[str, ...] = ("sliding_window", "logit_softcap", "attention_sinks", "alibi")
-MODEL_MOE_FEATURES: tuple[str, ...] = (
+# The routing features (models with experts only).
+MODEL_EXPERT_FEATURES: tuple[str, ...] = (
     "moe_scoring",
     "moe_score_bias",
     "moe_num_expert_group",
@@ -401,7 +397,12 @@ MODEL_MOE_FEATURES: tuple[str, ...] = (
     "moe_routed_scaling_factor",
     "moe_activation",
 )
-MODEL_FEATURES: tuple[str, ...] = MODEL_ATTENTION_FEATURES + MODEL_MOE_FEATURES
+MODEL_FEATURES: tuple[str, ...] = (
+    "sliding_window",
+    "logit_softcap",
+    "attention_sinks",
+    "alibi",
+) + MODEL_EXPERT_FEATURES
 MODEL_RULE_ATTRS: tuple[str, ...] = tuple(sorted(MODEL_DIMENSIONS + MODEL_FEATURES))
 
 

@@ -431,7 +431,7 @@ def test_warm_up_compiles_the_specializations_each_models_features_select():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ({"moe_scoring": "sigmoid"}, "MoE routing fields need num_experts and top_k"),
+        ({"moe_scoring": "sigmoid"}, "routing fields need num_experts and top_k"),
         (
             {"num_experts": 8, "top_k": 2, "moe_num_expert_group": 4},
             "moe_num_expert_group and moe_topk_group go together",
