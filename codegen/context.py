@@ -54,7 +54,7 @@ from typing import Any
 
 from .records import SpecTree
 from . import emit_rules
-from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, ModelSpec, is_control, is_line_break
+from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, ModelSpec, is_control, is_line_break, model_features
 from .records import Instantiation, Resolution, VariantResolution
 
 # The environment variable that forces the target generated/dispatch.py serves when no hw is given.
@@ -272,7 +272,8 @@ def model_data(tree: SpecTree) -> list[dict[str, Any]]:
                 "name": name,
                 "display_name": m.spec.display_name,
                 "source": m.source.path,
-                "dims": [(d, repr(v)) for d, v in dims],
+                # The dimensions, then the features the model uses (MODEL_DIMS' entry).
+                "dims": [(d, repr(v)) for d, v in dims + model_features(m.spec)],
                 "constants": constants,
             }
         )

@@ -320,6 +320,29 @@ class ModelSpec(Spec):
         default=1,
         description="Concurrent sequences the server runs (vLLM --max-num-seqs); default 1 (one at a time, as the seed).",
     )
+    # Attention features (defaults: not used).  sliding_window: the keys a query sees on the
+    # model's local layers, itself included (HF config's ``sliding_window``; flash-attn's
+    # window_size (sliding_window - 1, 0)); logit_softcap: attention scores become
+    # softcap * tanh(scores / softcap) (Gemma 2's ``attn_logit_softcapping``); attention_sinks: a
+    # learned per-head logit in the softmax denominator (gpt-oss); alibi: ALiBi position biases
+    # (BLOOM, MPT) in place of rotary embeddings.
+    sliding_window: Upto(2**31) | None = None
+    logit_softcap: Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)] | None = None
+    attention_sinks: StrictBool = False
+    alibi: StrictBool = False
+    # MoE routing (models with experts; defaults: softmax over the experts' logits, top_k of them,
+    # SiLU-gated experts).  moe_scoring: "softmax" or "sigmoid" (DeepSeek-V3) scores;
+    # moe_score_bias: a learned per-expert bias added to the scores for the choice only
+    # (DeepSeek-V3's e_score_correction_bias); moe_num_expert_group / moe_topk_group: the experts
+    # in groups, top_k chosen within the best moe_topk_group groups; moe_routed_scaling_factor:
+    # the routed experts' weights scaled by it; moe_activation: the experts' gate activation
+    # ("silu", "gelu", or "swigluoai": gpt-oss's clamped SwiGLU; fused_moe's activations).
+    moe_scoring: Literal["softmax", "sigmoid"] = "softmax"
+    moe_score_bias: StrictBool = False
+    moe_num_expert_group: Upto(2**20) | None = None
+    moe_topk_group: Upto(2**20) | None = None
+    moe_routed_scaling_factor: Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)] | None = None
+    moe_activation: Literal["silu", "gelu", "swigluoai"] = "silu"
     # Module constants generated/dispatch.py defines for this model: ``<prefix>_<FIELD>`` for
     # every field the model sets (``QWEN36_HEAD_DIM``), under the name ``constant_names`` gives
     # where it gives one (``hidden_size = "HIDDEN"``: ``QWEN36_HIDDEN``).  None: no constants.
@@ -337,6 +360,18 @@ class ModelSpec(Spec):
         unknown = sorted(set(self.constant_names) - set(MODEL_DIMENSIONS))
         if unknown:
             raise ValueError(f"constant_names names no dimension: {', '.join(unknown)}")
+        routing = [f for f in MODEL_EXPERT_FEATURES if f in self.model_fields_set]
+        if routing and self.num_experts is None:
+            raise ValueError(f"{', '.join(routing)}: routing fields need num_experts and top_k")
+        groups_name, topk_name = "moe_num_expert_group", "moe_topk_group"
+        groups, topk_groups = getattr(self, groups_name), getattr(self, topk_name)
+        if (groups is None) != (topk_groups is None):
+            raise ValueError(f"{groups_name} and {topk_name} go together: grouped routing sets both")
+        if groups is not None and topk_groups is not None:
+            if self.num_experts is not None and self.num_experts % groups:
+                raise ValueError(f"num_experts ({self.num_experts}) must be a multiple of {groups_name} ({groups})")
+            if topk_groups > groups:
+                raise ValueError(f"{topk_name} ({topk_groups}) must be <= {groups_name} ({groups})")
         return self
 
 
@@ -354,13 +389,41 @@ MODEL_DIMENSIONS: tuple[str, ...] = (
     "moe_intermediate_size",
     "max_num_seqs",
 )
-MODEL_RULE_ATTRS: tuple[str, ...] = tuple(sorted(MODEL_DIMENSIONS))
+# The features: attention and MoE routing choices, each with a default meaning "not used"
+# (None, False, or the plain kind: softmax scoring, SiLU).  A model's features are those that
+# differ from the default: generated/dispatch.py's MODEL_DIMS carries them beside the
+# dimensions, so warm-up compiles the kernel specializations they select, and rules may read them.
+# The routing features (models with experts only).
+MODEL_EXPERT_FEATURES: tuple[str, ...] = (
+    "moe_scoring",
+    "moe_score_bias",
+    "moe_num_expert_group",
+    "moe_topk_group",
+    "moe_routed_scaling_factor",
+    "moe_activation",
+)
+MODEL_FEATURES: tuple[str, ...] = (
+    "sliding_window",
+    "logit_softcap",
+    "attention_sinks",
+    "alibi",
+) + MODEL_EXPERT_FEATURES
+MODEL_RULE_ATTRS: tuple[str, ...] = tuple(sorted(MODEL_DIMENSIONS + MODEL_FEATURES))
+
+
+def model_features(spec: ModelSpec) -> list[tuple[str, Any]]:
+    """The features the model uses (its values that differ from the defaults), in
+    MODEL_FEATURES order."""
+    fields = type(spec).model_fields
+    return [(f, getattr(spec, f)) for f in MODEL_FEATURES if getattr(spec, f) != fields[f].default]
 
 
 def model_rule_namespace(spec: ModelSpec) -> dict[str, Any]:
-    """The ``model`` namespace of rules: the dimensions the model sets."""
-    values = {attr: getattr(spec, attr) for attr in MODEL_RULE_ATTRS}
-    return {attr: value for attr, value in values.items() if value is not None}
+    """The ``model`` namespace of rules: the dimensions the model sets and the features it uses."""
+    values = {attr: getattr(spec, attr) for attr in MODEL_DIMENSIONS}
+    out = {attr: value for attr, value in values.items() if value is not None}
+    out.update(model_features(spec))
+    return dict(sorted(out.items()))
 
 
 # ---------------------------------------------------------------------------

@@ -64,37 +64,87 @@ def _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
-                  offs_n, offs_d, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                  DOT_PREC: tl.constexpr):
+def _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC: tl.constexpr, SOFTCAP: tl.constexpr):
+    # Base-2 scores of a tile: q k^T * scale * log2(e); with SOFTCAP (flash-attn's softcap, on the
+    # scaled scores before any mask or bias) softcap * tanh(q k^T * scale / softcap) * log2(e).
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if SOFTCAP:
+        x = s * (sm_scale / softcap)
+        # tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|): no overflow at any |x|.
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        s = tl.where(x < 0.0, -t, t) * (softcap * 1.4426950408889634)
+    else:
+        s = s * qk_scale
+    return s
+
+
+@triton.jit
+def _sink(acc, m_i, l_i, sink):
+    # A per-row attention sink (gpt-oss; vLLM's `sinks`): base-2 logit `sink` joins the softmax
+    # denominator and carries no value.  -inf: no sink.
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.math.exp2(sink - m_new)
+    return acc * alpha[:, None], m_new, l_i
+
+
+@triton.jit
+def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale, sm_scale, softcap,
+                  slope, win_left, win_right, offs_n, offs_d, d_ok, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                  DOT_PREC: tl.constexpr, PADDED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+                  ALIBI: tl.constexpr):
     # Keys [start, start + BLOCK_N) of one sequence.  MASKED: the tile may cross the end of the
-    # keys or (CAUSAL) the diagonal; an unmasked tile is seen whole by every row.
+    # keys or (CAUSAL) the diagonal or (WINDOW) an edge of the window; an unmasked tile is seen
+    # whole by every row.  PADDED: the tile's columns past the head_dim are not loaded (zeros).
     cols = start + offs_n
     rows = cols.to(tl.int64)
+    k_ptrs = k_base + rows[:, None] * skt + offs_d[None, :]
+    v_ptrs = v_base + rows[:, None] * svt + offs_d[None, :]
     if MASKED:
         in_k = cols < k_len
-        k = tl.load(k_base + rows[:, None] * skt + offs_d[None, :], mask=in_k[:, None], other=0.0)
-        v = tl.load(v_base + rows[:, None] * svt + offs_d[None, :], mask=in_k[:, None], other=0.0)
+        if PADDED:
+            k = tl.load(k_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=in_k[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=in_k[:, None], other=0.0)
     else:
-        k = tl.load(k_base + rows[:, None] * skt + offs_d[None, :])
-        v = tl.load(v_base + rows[:, None] * svt + offs_d[None, :])
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        if PADDED:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+    s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
+    if ALIBI:
+        # flash-attn's ALiBi: -slope * |i + k_len - q_len - j| (slope in base 2 here).
+        s = s - slope * tl.abs(diag[:, None] - cols[None, :]).to(tl.float32)
     if MASKED:
         seen = in_k[None, :]
         if CAUSAL:
             seen = seen & (cols[None, :] <= diag[:, None])
+        if WINDOW:
+            seen = seen & (cols[None, :] >= diag[:, None] - win_left) & (cols[None, :] <= diag[:, None] + win_right)
         s = tl.where(seen, s, float("-inf"))
     return _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
 
 
 @triton.jit
 def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, skt, skh, svt, svh,
-             sot, soh, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+             sot, soh, win_left, win_right, softcap, alibi_ptr, sinks_ptr, HEAD_DIM: tl.constexpr,
+             HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+             ALIBI: tl.constexpr, SINKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             DOT_PREC: tl.constexpr):
     # grid = (query blocks of the longest sequence, heads, sequences).  Program (i, h, b) takes
     # query block (last - i) of sequence b, head h: under a causal mask the longest blocks start
     # first.  Lengths are read from cu_q / cu_k, never passed as arguments: a new length
-    # compiles nothing.
+    # compiles nothing.  HEAD_PAD: the tile's width, the power of two at least HEAD_DIM.
+    # The features (flash-attn's semantics; each off costs nothing, its code is not compiled):
+    # WINDOW, row i sees keys diag_i - win_left <= j <= diag_i + win_right (diag_i = i + k_len -
+    # q_len), and only the key tiles that meet a row's window are read; SOFTCAP, scores are
+    # softcap * tanh(scores / softcap); ALIBI, -slope_h * |diag_i - j| is added; SINKS, head h's
+    # logit sinks[h] joins the softmax denominator.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
@@ -107,94 +157,141 @@ def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, 
     kv_head = head // group
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < HEAD_DIM
     in_q = offs_m < q_len
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * sqt + head * sqh + offs_d[None, :], mask=in_q[:, None], other=0.0)
+    if HEAD_PAD != HEAD_DIM:
+        q_mask = in_q[:, None] & d_ok[None, :]
+    else:
+        q_mask = in_q[:, None]
+    q = tl.load(q_ptr + q_rows[:, None] * sqt + head * sqh + offs_d[None, :], mask=q_mask, other=0.0)
     k_base = k_ptr + k_start.to(tl.int64) * skt + kv_head * skh
     v_base = v_ptr + k_start.to(tl.int64) * svt + kv_head * svh
     qk_scale = sm_scale * 1.4426950408889634
+    if ALIBI:
+        slope = tl.load(alibi_ptr + head).to(tl.float32) * 1.4426950408889634
+    else:
+        slope = 0.0
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     # Bottom-right causal alignment: row i sees keys j <= i + k_len - q_len.
     shift = k_len - q_len
     diag = offs_m + shift
-    if CAUSAL:
-        hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift)
-        # Keys every row of the block sees: j <= first row + shift.
-        whole = tl.minimum(hi, m_block * BLOCK_M + shift + 1)
+    if WINDOW:
+        # The key tiles that meet some row's window [diag - win_left, diag + win_right], all
+        # masked (CAUSAL: win_right is 0).
+        lo = tl.maximum(m_block * BLOCK_M + shift - win_left, 0)
+        hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift + win_right)
+        for start in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, True,
+                                          CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP, ALIBI)
     else:
-        hi = k_len
-        whole = k_len
-    whole = (tl.maximum(whole, 0) // BLOCK_N) * BLOCK_N
-    for start in range(0, whole, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag,
-                                      qk_scale, offs_n, offs_d, False, CAUSAL, DOT_PREC)
-    for start in range(whole, hi, BLOCK_N):
-        acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag,
-                                      qk_scale, offs_n, offs_d, True, CAUSAL, DOT_PREC)
+        if CAUSAL:
+            hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift)
+            # Keys every row of the block sees: j <= first row + shift.
+            whole = tl.minimum(hi, m_block * BLOCK_M + shift + 1)
+        else:
+            hi = k_len
+            whole = k_len
+        whole = (tl.maximum(whole, 0) // BLOCK_N) * BLOCK_N
+        for start in range(0, whole, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, False,
+                                          CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP, ALIBI)
+        for start in range(whole, hi, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, True,
+                                          CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP, ALIBI)
+    if SINKS:
+        acc, m_i, l_i = _sink(acc, m_i, l_i, tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(o_ptr + q_rows[:, None] * sot + head * soh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=in_q[:, None])
+             mask=q_mask)
 
 
 @triton.jit
 def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l, sm_scale, group,
             bt_stride, v1_limit, torch_limit, partition_size, max_parts, sqs, sqh, skb, skt, skh, svb,
-            svt, svh, sos, soh, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-            Q_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+            svt, svh, sos, soh, win_len, softcap, alibi_ptr, sinks_ptr, HEAD_DIM: tl.constexpr,
+            HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr, WINDOW: tl.constexpr,
+            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, BLOCK_N: tl.constexpr,
+            DOT_PREC: tl.constexpr):
     # grid = (sequences, KV heads, partitions).  One program serves the `group` query heads of
     # one KV head (their rows padded to Q_ROWS for the tensor cores), so a KV tile is read once
-    # per group.  A sequence of at most v1_limit tokens is V1: partition 0 covers it whole and
-    # writes the output.  A longer one is V2: partition p covers tokens
-    # [p * partition_size, (p + 1) * partition_size) and writes its normalised partial output
-    # and its softmax state for _merge.  A sequence longer than torch_limit is left to the
-    # PyTorch path.
+    # per group.  A sequence's context is its last `span` tokens: all of them, or (WINDOW) the
+    # last win_len, so a window's blocks are the only ones read.  A context of at most v1_limit
+    # tokens is V1: partition 0 covers it whole and writes the output.  A longer one is V2:
+    # partition p covers its tokens [p * partition_size, (p + 1) * partition_size) and writes its
+    # normalised partial output and its softmax state for _merge.  A context longer than
+    # torch_limit is left to the PyTorch path.  SOFTCAP, ALIBI (vLLM's slope * (j - seq_len + 1))
+    # and SINKS (in partition 0's state) as in _prefill.
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(sl_ptr + seq)
-    is_v2 = seq_len > v1_limit
-    start = tl.where(is_v2, part * partition_size, 0)
-    end = tl.where(is_v2, tl.minimum(part * partition_size + partition_size, seq_len), seq_len)
-    skip = (seq_len > torch_limit) | ((seq_len <= v1_limit) & (part > 0)) | (is_v2 & (start >= seq_len))
+    if WINDOW:
+        span = tl.minimum(seq_len, win_len)
+        first = seq_len - span
+    else:
+        span = seq_len
+        first = 0
+    is_v2 = span > v1_limit
+    start = first + tl.where(is_v2, part * partition_size, 0)
+    end = tl.where(is_v2, tl.minimum(start + partition_size, seq_len), seq_len)
+    skip = (span > torch_limit) | ((span <= v1_limit) & (part > 0)) | (is_v2 & (start >= seq_len))
     if skip:
         return
     offs_g = tl.arange(0, Q_ROWS)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < HEAD_DIM
     in_group = offs_g < group
+    if HEAD_PAD != HEAD_DIM:
+        g_mask = in_group[:, None] & d_ok[None, :]
+    else:
+        g_mask = in_group[:, None]
     heads = kv_head * group + offs_g
     seq64 = seq.to(tl.int64)
-    q = tl.load(q_ptr + seq64 * sqs + heads[:, None] * sqh + offs_d[None, :], mask=in_group[:, None], other=0.0)
+    q = tl.load(q_ptr + seq64 * sqs + heads[:, None] * sqh + offs_d[None, :], mask=g_mask, other=0.0)
     bt_row = bt_ptr + seq64 * bt_stride
     k_head = kc_ptr + kv_head * skh
     v_head = vc_ptr + kv_head * svh
     qk_scale = sm_scale * 1.4426950408889634
+    if ALIBI:
+        slopes = tl.load(alibi_ptr + heads, mask=in_group, other=0.0).to(tl.float32) * 1.4426950408889634
     m_i = tl.full([Q_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([Q_ROWS], dtype=tl.float32)
-    acc = tl.zeros([Q_ROWS, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([Q_ROWS, HEAD_PAD], dtype=tl.float32)
     for tok0 in range(start, end, BLOCK_N):
         toks = tok0 + offs_n
         live = toks < end
         block = tl.load(bt_row + toks // BLOCK_SIZE, mask=live, other=0).to(tl.int64)
         slot = toks % BLOCK_SIZE
-        k = tl.load(k_head + block[:, None] * skb + slot[:, None] * skt + offs_d[None, :], mask=live[:, None],
-                    other=0.0)
-        v = tl.load(v_head + block[:, None] * svb + slot[:, None] * svt + offs_d[None, :], mask=live[:, None],
-                    other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        if HEAD_PAD != HEAD_DIM:
+            kv_mask = live[:, None] & d_ok[None, :]
+        else:
+            kv_mask = live[:, None]
+        k = tl.load(k_head + block[:, None] * skb + slot[:, None] * skt + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_head + block[:, None] * svb + slot[:, None] * svt + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
+        if ALIBI:
+            s = s + slopes[:, None] * (toks - (seq_len - 1)).to(tl.float32)[None, :]
         s = tl.where(live[None, :], s, float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
+    if SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=in_group, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+        acc, m_i, l_i = _sink(acc, m_i, l_i, tl.where(part == 0, sink, float("-inf")))
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    if seq_len <= v1_limit:
+    if span <= v1_limit:
         tl.store(o_ptr + seq64 * sos + heads[:, None] * soh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=in_group[:, None])
+                 mask=g_mask)
     else:
         # Partials of (sequence, head, partition) at ((seq * heads + head) * max_parts + part).
         idx = (seq64 * (group * tl.num_programs(1)) + heads) * max_parts + part
-        tl.store(part_o + idx[:, None] * HEAD_DIM + offs_d[None, :], out, mask=in_group[:, None])
+        tl.store(part_o + idx[:, None] * HEAD_DIM + offs_d[None, :], out, mask=g_mask)
         tl.store(part_m + idx, m_i, mask=in_group)
         tl.store(part_l + idx, l_i, mask=in_group)
 
@@ -202,19 +299,24 @@ def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l
 @triton.jit(do_not_specialize=["v1_limit", "torch_limit", "partition_size", "max_parts"])
 def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partition_size, max_parts, sos,
            soh, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    # grid = (sequences, heads, HEAD_DIM // BLOCK_D): the log-sum-exp merge of a V2 sequence's
-    # partitions, BLOCK_D columns of one head a program.  With M the largest partition max (base
-    # 2), partition p weighs l_p * 2^(m_p - M); the output is the weighted mean of the
-    # partitions' normalised outputs.  Exact up to rounding.
+    # grid = (sequences, heads, cdiv(HEAD_DIM, BLOCK_D)): the log-sum-exp merge of a V2
+    # sequence's partitions, BLOCK_D columns of one head a program.  With M the largest partition
+    # max (base 2), partition p weighs l_p * 2^(m_p - M); the output is the weighted mean of the
+    # partitions' normalised outputs.  Exact up to rounding.  sl_ptr: each sequence's context
+    # length (the decode kernel's span: a windowed call's lengths clamped to its window).
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    seq_len = tl.load(sl_ptr + seq)
-    if (seq_len <= v1_limit) | (seq_len > torch_limit):
+    span = tl.load(sl_ptr + seq)
+    if (span <= v1_limit) | (span > torch_limit):
         return
-    n_parts = tl.cdiv(seq_len, partition_size)
+    n_parts = tl.cdiv(span, partition_size)
     base = (seq.to(tl.int64) * tl.num_programs(1) + head) * max_parts
     offs_p = tl.arange(0, BLOCK_P)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if HEAD_DIM % BLOCK_D != 0:
+        d_ok = offs_d < HEAD_DIM
+    else:
+        d_ok = offs_d >= 0
     m_run = tl.full([BLOCK_P], -1.0e30, dtype=tl.float32)
     for p0 in range(0, n_parts, BLOCK_P):
         p = p0 + offs_p
@@ -227,11 +329,12 @@ def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partiti
         live = p < n_parts
         w = tl.load(part_l + base + p, mask=live, other=0.0) * tl.math.exp2(
             tl.load(part_m + base + p, mask=live, other=-1.0e30) - m_all)
-        o = tl.load(part_o + (base + p)[:, None] * HEAD_DIM + offs_d[None, :], mask=live[:, None], other=0.0)
+        o = tl.load(part_o + (base + p)[:, None] * HEAD_DIM + offs_d[None, :], mask=live[:, None] & d_ok[None, :],
+                    other=0.0)
         acc += o * w[:, None]
         w_sum += w
     out = tl.sum(acc, 0) / tl.sum(w_sum, 0)
-    tl.store(o_ptr + seq.to(tl.int64) * sos + head * soh + offs_d, out.to(o_ptr.dtype.element_ty))
+    tl.store(o_ptr + seq.to(tl.int64) * sos + head * soh + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
 # ---------------------------------------------------------------------------------------
@@ -400,6 +503,61 @@ def _pow2ceil(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def _tile_width(head_dim: int) -> int:
+    # The kernels' tile across the head: the power of two at least head_dim (and 16, a
+    # tensor-core step); columns past head_dim are masked, never read or written.
+    return max(16, _pow2ceil(head_dim))
+
+
+@dataclass(frozen=True)
+class Features:
+    """A call's attention features, checked: ``window`` (left, right) as flash-attn's
+    ``window_size`` (-1 unbounded), ``softcap`` (0.0: none), ``alibi`` and ``sinks`` (fp32 [num_heads]
+    on the call's device, or None)."""
+
+    window: tuple[int, int]
+    softcap: float
+    alibi: Optional[torch.Tensor]
+    sinks: Optional[torch.Tensor]
+
+    @property
+    def used(self) -> bool:
+        return self.window != (-1, -1) or self.softcap > 0.0 or self.alibi is not None or self.sinks is not None
+
+    def torch_scores(self, scores: torch.Tensor, tok0: int, n: int, first: int, Hkv: int, G: int) -> torch.Tensor:
+        """The PyTorch decode path's scores [Hkv, G, tokens] of keys tok0... (scaled) with the
+        soft-cap, ALiBi bias and window mask the kernels apply."""
+        if self.softcap > 0.0:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        pos = torch.arange(tok0, tok0 + scores.shape[-1], device=scores.device)
+        if self.alibi is not None:
+            scores = scores + self.alibi.view(Hkv, G, 1) * (pos - (n - 1)).float()
+        if first > 0:
+            scores = scores.masked_fill(pos < first, -math.inf)
+        return scores
+
+
+def _features(op: str, ref_name: str, ref: torch.Tensor, H: int, window_size: Any, softcap: Any, alibi: Any,
+              sinks: Any) -> Features:
+    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))  # fmt: skip
+    if not ok:
+        raise ValueError(f"{op}: window_size must be (left, right), ints >= -1 (-1: unbounded), got {window_size!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"{op}: softcap must be a finite float >= 0 (0: none), got {softcap!r}")
+    vectors = []
+    for name, t in (("alibi_slopes", alibi), ("sinks", sinks)):
+        if t is not None:
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (H,):
+                got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{op}: {name} must be a float32 tensor [num_heads={H}], got {got}")
+            _same_device(op, name, t, ref, ref_name)
+            if t.stride(0) != 1:
+                t = t.contiguous()
+        vectors.append(t)
+    return Features((int(window_size[0]), int(window_size[1])), float(softcap), vectors[0], vectors[1])
+
+
 # ---------------------------------------------------------------------------------------
 # The entry points over one generated module's tables.
 
@@ -410,7 +568,10 @@ class Attention:
 
     ``policies``: dtype name ("float16", "bfloat16", "float32") -> model -> target -> Policy.
     ``decode``: element class ("16bit", "fp32") -> head_dim -> target -> Decode.
-    ``model_of_head_dim``: head_dim -> the model whose AttentionConfig records serve it.
+    ``model_of_head_dim``: tile head_dim -> the model whose AttentionConfig records serve it.
+    A call's head_dim may be any multiple of 8 up to the widest tile: its kernels run the
+    smallest tile at least as wide (the tile is padded, not the tensors), with that tile's
+    records, whose shared-memory checks were made for the tile.
     ``hardware``: target -> hardware record (its sm_count sizes the PyTorch path's tiles).
     ``target_name(hw, device)``: the spec name a call launches for.
     """
@@ -444,13 +605,24 @@ class Attention:
         key = _DTYPE_KEY.get(dtype)
         if key is None:
             raise ValueError(f"attention: dtype {dtype} is not served; expected float16, bfloat16 or float32")
-        model = self.model_of_head_dim.get(head_dim)
-        if model is None:
-            raise ValueError(f"attention: head_dim {head_dim} is not served; the kernels serve {list(self.head_dims)}")
+        tile = self.tile_of(head_dim)
+        if tile is None:
+            raise ValueError(f"attention: head_dim {head_dim} is not served; {self.served()}")
+        model = self.model_of_head_dim[tile]
         target = self.target_name(hw, device)
         policy = self.policies[key][model][target]
-        dec = self.decode_tables[_CLASS_OF[key]][head_dim][target]
+        dec = self.decode_tables[_CLASS_OF[key]][tile][target]
         return Selected(target, model, policy.config, dec.launch, policy.prefill, dec.kernel)
+
+    def tile_of(self, head_dim: Any) -> Optional[int]:
+        """The tile width (a head_dim of the tables) that serves ``head_dim``: the smallest at
+        least as wide, for a multiple of 8; None where none does."""
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 8 or head_dim % 8:
+            return None
+        return next((t for t in self.head_dims if t >= head_dim), None)
+
+    def served(self) -> str:
+        return f"the kernels serve multiples of 8 up to {self.head_dims[-1]} (tiles {list(self.head_dims)})"
 
     def register_native(self, version: int, fn: Optional[NativeDecode]) -> Optional[NativeDecode]:
         """Register (or with None remove) the vendor decode kernel of ``version`` (1 or 2);
@@ -466,7 +638,8 @@ class Attention:
     # -- prefill --------------------------------------------------------------------------
 
     def prefill(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=True,
-                scale=None, out=None, hw=None, kernel: Optional[PrefillKernel] = None) -> torch.Tensor:
+                scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, out=None, hw=None,
+                kernel: Optional[PrefillKernel] = None) -> torch.Tensor:
         """Varlen flash attention (generated/attention.py's prefill_attention).  ``kernel``
         (tests, benchmarks) runs that prefill kernel instead of the target's."""
         op = "prefill_attention"
@@ -484,8 +657,8 @@ class Attention:
             raise ValueError(f"{op}: k has head_dim {Dk}, q {D}; they must match")
         if Hkv == 0 or H % Hkv:
             raise ValueError(f"{op}: q's {H} heads must be a multiple of k's {Hkv} KV heads")
-        if D not in self.model_of_head_dim:
-            raise ValueError(f"{op}: q has head_dim {D}; the kernels serve {list(self.head_dims)}")
+        if self.tile_of(D) is None:
+            raise ValueError(f"{op}: q has head_dim {D}; {self.served()}")
         for name, t in (("q", q), ("k", k), ("v", v)):
             _unit_last(op, name, t)
         _index(op, "cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
@@ -500,6 +673,7 @@ class Attention:
         sm_scale = _scale(op, scale, D)
         for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             _same_device(op, name, t, q, "q")
+        feat = _features(op, "q", q, H, window_size, softcap, alibi_slopes, sinks)
         out = _out(op, out, (total_q, H, D), q, "q")
         _runnable(op, "q", q)
         batch = cu_seqlens_q.shape[0] - 1
@@ -516,13 +690,27 @@ class Attention:
         cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
         cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
         grid = (triton.cdiv(max_q, kernel.block_m), H, batch)
+        # flash-attn's window: (left, right), -1 unbounded, right 0 under a causal mask.  An
+        # unbounded side is a bound no key reaches; no window at all compiles no window code.
+        left, right = feat.window
+        if causal:
+            right = 0
+        window = left >= 0 or (right >= 0 and not causal)
+        unbounded = max_q + max_seqlen_k + 1
+        win_left = left if left >= 0 else unbounded
+        win_right = right if right >= 0 else unbounded
+        dummy = _unused_fp32(q.device)
+        alibi = feat.alibi if feat.alibi is not None else dummy
+        sink = feat.sinks if feat.sinks is not None else dummy
 
         def run() -> None:
             _launch._launch_kernel(
                 kernel.kernel, grid,
                 q, k, v, out, cu_q, cu_k, sm_scale, H // Hkv,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                out.stride(0), out.stride(1), D, bool(causal),
+                out.stride(0), out.stride(1), win_left, win_right, feat.softcap, alibi, sink,
+                D, _tile_width(D), bool(causal), window, feat.softcap > 0.0, feat.alibi is not None,
+                feat.sinks is not None,
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
 
@@ -531,9 +719,9 @@ class Attention:
 
     # -- decode ---------------------------------------------------------------------------
 
-    def decode(self, query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, out=None, hw=None,
-               max_seq_len=None, config: Any = None, kernel: Optional[DecodeKernel] = None,
-               launch: Any = None) -> torch.Tensor:
+    def decode(self, query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, window_size=(-1, -1),
+               softcap=0.0, alibi_slopes=None, sinks=None, out=None, hw=None, max_seq_len=None,
+               config: Any = None, kernel: Optional[DecodeKernel] = None, launch: Any = None) -> torch.Tensor:
         """Paged decode (generated/attention.py's decode_attention).  ``config`` (an
         AttentionConfig, e.g. with smaller thresholds), ``launch`` (an AttentionLaunch) and
         ``kernel`` replace the target's, for tests and benchmarks."""
@@ -553,8 +741,8 @@ class Attention:
             raise ValueError(f"{op}: key_cache has head_dim {Dk}, query {D}; they must match")
         if Hkv == 0 or H % Hkv:
             raise ValueError(f"{op}: query's {H} heads must be a multiple of key_cache's {Hkv} KV heads")
-        if D not in self.model_of_head_dim:
-            raise ValueError(f"{op}: query has head_dim {D}; the kernels serve {list(self.head_dims)}")
+        if self.tile_of(D) is None:
+            raise ValueError(f"{op}: query has head_dim {D}; {self.served()}")
         if bs < 1:
             raise ValueError(f"{op}: key_cache has block_size {bs}")
         for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
@@ -572,6 +760,7 @@ class Attention:
         for name, t in (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables),
                         ("seq_lens", seq_lens)):
             _same_device(op, name, t, query, "query")
+        feat = _features(op, "query", query, H, window_size, softcap, alibi_slopes, sinks)
         out = _out(op, out, (S, H, D), query, "query")
         _runnable(op, "query", query)
         sel = self.select(query.dtype, D, hw, query.device)
@@ -591,35 +780,42 @@ class Attention:
         if max_seq_len is not None:
             capacity = min(capacity, max_seq_len)
         torch_limit = cfg.pytorch_decode_threshold
+        # The one query is the last token: it sees the window's win_len = left + 1 last keys
+        # (flash-attn's window_size[0]; the right side reaches no key).  A context is a
+        # sequence's last min(length, win_len) tokens; only those are read.
+        win_len = feat.window[0] + 1 if feat.window[0] >= 0 else None
+        span = capacity if win_len is None else min(capacity, win_len)
         lens: Optional[list[int]] = None
-        if seq_lens.device.type == "cpu" or capacity > torch_limit:
+        if seq_lens.device.type == "cpu" or span > torch_limit:
             # Host lengths: free for CPU tensors; for CUDA tensors one copy (a sync), only where a
             # sequence may be long enough for the PyTorch path.
             lens = seq_lens.tolist()
             _check_lengths(op, lens, capacity, max_seq_len, bs, block_tables, nb)
-        long_rows = [i for i, n in enumerate(lens) if n > torch_limit] if lens is not None else []
+        spans = lens if lens is None or win_len is None else [min(n, win_len) for n in lens]
+        long_rows = [i for i, n in enumerate(spans) if n > torch_limit] if spans is not None else []
         if len(long_rows) < S:
-            bound = capacity
-            if lens is not None:
-                bound = max((n for n in lens if n <= torch_limit), default=0)
+            bound = span
+            if spans is not None:
+                bound = max((n for n in spans if n <= torch_limit), default=0)
             self._decode_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
-                                 kernel, bound, long_rows)
+                                 kernel, bound, long_rows, feat, win_len)
         if long_rows and not _launch._compiling():  # warm-up's compile-only scope: no Triton kernel here
             assert lens is not None
             sm_count = self.hardware[sel.target].sm_count
             _torch_decode(out, query, key_cache, value_cache, block_tables, lens, long_rows, sm_scale,
-                          cfg.pytorch_max_tile_blocks, sm_count)
+                          cfg.pytorch_max_tile_blocks, sm_count, feat)
         return out
 
     def _decode_kernels(self, out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
-                        kernel, bound, long_rows) -> None:
-        # The sequences of at most pytorch_decode_threshold tokens (bound: the longest of them, or
-        # the block table's capacity): a registered vendor kernel where the policy says so, else
-        # the Triton kernels.
+                        kernel, bound, long_rows, feat, win_len) -> None:
+        # The sequences whose context is at most pytorch_decode_threshold tokens (bound: the
+        # longest of them, or the block table's capacity): a registered vendor kernel where the
+        # policy says so (and the call uses no feature: the hook's signature has none), else the
+        # Triton kernels.
         S, H, D = query.shape
         Hkv = key_cache.shape[2]
         version = 1 if bound <= cfg.v1_v2_threshold else 2
-        native = self.native[version] if getattr(cfg, f"use_native_v{version}") else None
+        native = self.native[version] if getattr(cfg, f"use_native_v{version}") and not feat.used else None
         if native is not None:
             if _launch._compiling():
                 return  # warm-up's compile-only scope: a vendor kernel has nothing for it to compile
@@ -650,6 +846,11 @@ class Attention:
         q_rows = max(16, _pow2ceil(group))
         torch_limit = cfg.pytorch_decode_threshold
         kst, vst = key_cache.stride(), value_cache.stride()
+        dummy = _unused_fp32(query.device)
+        alibi = feat.alibi if feat.alibi is not None else dummy
+        sink = feat.sinks if feat.sinks is not None else dummy
+        # The merge reads each sequence's context length: a windowed call's lengths clamped.
+        spans = seq_lens if win_len is None or parts == 1 else seq_lens.clamp(max=win_len)
 
         def run() -> None:
             _launch._launch_kernel(
@@ -657,14 +858,16 @@ class Attention:
                 query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_m, part_l, sm_scale,
                 group, block_tables.stride(0), v1_limit, torch_limit, ps, parts, query.stride(0), query.stride(1),
                 kst[0], kst[1], kst[2], vst[0], vst[1], vst[2], out.stride(0), out.stride(1),
-                D, key_cache.shape[1], q_rows,
+                win_len if win_len is not None else 0, feat.softcap, alibi, sink,
+                D, _tile_width(D), key_cache.shape[1], q_rows, win_len is not None, feat.softcap > 0.0,
+                feat.alibi is not None, feat.sinks is not None,
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
             if parts > 1:
-                block_d = min(D, _MERGE_BLOCK_D)
+                block_d = min(_tile_width(D), _MERGE_BLOCK_D)
                 _launch._launch_kernel(
-                    _merge, (S, H, D // block_d),
-                    out, part_o, part_m, part_l, seq_lens, v1_limit, torch_limit, ps, parts, out.stride(0),
+                    _merge, (S, H, triton.cdiv(D, block_d)),
+                    out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
                     out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
                 )  # fmt: skip
 
@@ -735,25 +938,29 @@ def _check_lengths(op: str, lens: list[int], capacity: int, max_seq_len: Optiona
 
 
 def _torch_decode(out, query, key_cache, value_cache, block_tables, lens, rows, sm_scale, max_tile_blocks,
-                  sm_count) -> None:
-    """The PyTorch path of sequences longer than pytorch_decode_threshold: per sequence, its
-    cache blocks in tiles of at most ``max_tile_blocks`` (``grid_even_share`` gives the number
-    of tiles, the blocks are shared evenly among them), each tile's scores and softmax state in
-    fp32, the tiles merged exactly (log-sum-exp)."""
+                  sm_count, feat: Optional["Features"] = None) -> None:
+    """The PyTorch path of sequences whose context is longer than pytorch_decode_threshold: per
+    sequence, its cache blocks in tiles of at most ``max_tile_blocks`` (``grid_even_share`` gives
+    the number of tiles, the blocks are shared evenly among them), each tile's scores and softmax
+    state in fp32, the tiles merged exactly (log-sum-exp).  ``feat``: the call's window (only the
+    window's blocks are read), soft-cap, ALiBi slopes and sinks, as the kernels apply them."""
     _, H, D = query.shape
     bs, Hkv = key_cache.shape[1], key_cache.shape[2]
     G = H // Hkv
+    win_len = feat.window[0] + 1 if feat is not None and feat.window[0] >= 0 else None
     for s in rows:
         n = lens[s]
+        first = 0 if win_len is None else max(0, n - win_len)
         n_blocks = -(-n // bs)
-        share = grid_even_share(n_blocks, max_tile_blocks, sm_count)
+        b_first = first // bs
+        share = grid_even_share(n_blocks - b_first, max_tile_blocks, sm_count)
         tiles = share["total_tiles"]
-        base, extra = divmod(n_blocks, tiles)
+        base, extra = divmod(n_blocks - b_first, tiles)
         q = query[s].float().view(Hkv, G, D) * sm_scale
         m = torch.full((Hkv, G), -math.inf, device=query.device)
         l = torch.zeros((Hkv, G), device=query.device)
         acc = torch.zeros((Hkv, G, D), device=query.device)
-        b0 = 0
+        b0 = b_first
         for t in range(tiles):
             b1 = b0 + base + (1 if t < extra else 0)
             ids = block_tables[s, b0:b1].long()
@@ -761,6 +968,8 @@ def _torch_decode(out, query, key_cache, value_cache, block_tables, lens, rows, 
             k = key_cache.index_select(0, ids).reshape(-1, Hkv, D)[:toks].float()
             v = value_cache.index_select(0, ids).reshape(-1, Hkv, D)[:toks].float()
             scores = torch.einsum("hgd,nhd->hgn", q, k)
+            if feat is not None:
+                scores = feat.torch_scores(scores, b0 * bs, n, first, Hkv, G)
             m_t = scores.amax(-1)
             p = torch.exp(scores - m_t[..., None])
             m_new = torch.maximum(m, m_t)
@@ -769,4 +978,9 @@ def _torch_decode(out, query, key_cache, value_cache, block_tables, lens, rows, 
             l = l * a + p.sum(-1) * b
             m = m_new
             b0 = b1
+        if feat is not None and feat.sinks is not None:
+            sink = feat.sinks.view(Hkv, G)
+            m_new = torch.maximum(m, sink)
+            a = torch.exp(m - m_new)
+            acc, l = acc * a[..., None], l * a + torch.exp(sink - m_new)
         out[s] = (acc / l[..., None]).reshape(H, D).to(out.dtype)

@@ -140,11 +140,14 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
 
     # The records of the model with the smallest head_dim that is at least the call's serve it:
     # their shared-memory checks were made for that head_dim, so they hold for a smaller one.
+    # Among models of one head_dim, the project's default model, then the first by name: a model
+    # added beside it does not move the default model's calls to other records.
+    default = ctx.get("default_model")
     model_of_head_dim = []
     for head_dim in sorted(served):
-        fits = sorted((hd, m) for m, hd in head_dim_of.items() if hd >= head_dim)
+        fits = sorted((hd, m != default, m) for m, hd in head_dim_of.items() if hd >= head_dim)
         if fits:
-            model_of_head_dim.append((head_dim, fits[0][1]))
+            model_of_head_dim.append((head_dim, fits[0][2]))
 
     ordered = sorted(kernels.values(), key=lambda k: (k["kind"] != "prefill", k["name"]))
     return {

@@ -462,7 +462,9 @@ def test_every_target_dtype_and_head_dim_has_its_records_and_kernels():
     kernels whose constants are those records' (fp32 prefill: half the key rows, same bytes);
     every generated kernel serves some target."""
     assert at.HEAD_DIMS == (64, 128, 256)
-    models = {64: "llama31_8b", 128: "llama31_8b", 256: "qwen36"}
+    # The model of the smallest head_dim at least the tile's; at 256, the default model (qwen36)
+    # before gemma2_9b of the same head_dim.
+    models = {64: "gpt_oss_20b", 128: "llama31_8b", 256: "qwen36"}
     seen = set()
     for target in TARGETS:
         for dtype, variant in (
@@ -516,10 +518,13 @@ def test_decode_tiles_fit_each_targets_shared_memory():
 
 
 def test_lengths_are_not_specialized_on():
-    """Prefill kernels take no length argument (they read cu_seqlens); decode kernels keep every
-    argument that moves with the lengths or the block table's width out of specialization."""
+    """Prefill kernels take no length argument (they read cu_seqlens) and keep the window's bounds
+    (an unbounded side is passed as a bound past the lengths) out of specialization; decode
+    kernels keep every argument that moves with the lengths or the block table's width (and the
+    window's length) out of specialization."""
     tree = ast.parse(open(at.__file__).read())
-    decode_args = {"bt_stride", "v1_limit", "torch_limit", "partition_size", "max_parts"}
+    decode_args = {"bt_stride", "v1_limit", "torch_limit", "partition_size", "max_parts", "win_len"}
+    prefill_args = {"win_left", "win_right"}
     found = 0
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith(("_prefill_", "_decode_")):
@@ -528,7 +533,8 @@ def test_lengths_are_not_specialized_on():
             (deco,) = node.decorator_list
             if node.name.startswith("_prefill_"):
                 assert not args & {"max_seqlen_q", "max_seqlen_k", "total_q", "total_k", "batch"}
-                assert isinstance(deco, ast.Attribute)  # plain @triton.jit
+                kw = {k.arg: ast.literal_eval(k.value) for k in deco.keywords}
+                assert set(kw["do_not_specialize"]) == prefill_args and prefill_args <= args
             else:
                 kw = {k.arg: ast.literal_eval(k.value) for k in deco.keywords}
                 assert set(kw["do_not_specialize"]) == decode_args and decode_args <= args
@@ -623,11 +629,11 @@ def prefill_args(**over):
         ),
         (
             dict(
-                q=rnd(6, 4, 96, dtype=torch.float16),
-                k=rnd(8, 2, 96, dtype=torch.float16),
-                v=rnd(8, 2, 96, dtype=torch.float16),
+                q=rnd(6, 4, 100, dtype=torch.float16),
+                k=rnd(8, 2, 100, dtype=torch.float16),
+                v=rnd(8, 2, 100, dtype=torch.float16),
             ),
-            "q has head_dim 96; the kernels serve [64, 128, 256]",
+            "q has head_dim 100; the kernels serve multiples of 8 up to 256 (tiles [64, 128, 256])",
         ),
         (dict(q=rnd(6, 4, 128, dtype=torch.float16)[..., ::2]), "q (6, 4, 64) needs unit stride in its last dim"),
         (dict(cu_seqlens_q=torch.tensor([0, 6])), "cu_seqlens_q must be an int32 tensor"),

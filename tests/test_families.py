@@ -128,11 +128,12 @@ def test_the_toy_family_reads_its_records_per_target(tmp_path):
 
 
 def test_codegen_names_no_family_and_no_vendor():
-    from codegen.models import MODEL_DIMENSIONS
+    from codegen.models import MODEL_DIMENSIONS, MODEL_FEATURES
 
     words = ("matmul", "rms_norm", "transform", "cache_launch", "attention", "nvidia", "iluvatar", "amd", "moe")
-    # A model's dimensions are the model spec's schema (a MoE model's expert sizes), not a family.
-    allowed = set(MODEL_DIMENSIONS)
+    # A model's dimensions and features are the model spec's schema (a MoE model's expert sizes, its
+    # attention sinks), not a family.
+    allowed = set(MODEL_DIMENSIONS) | set(MODEL_FEATURES)
     for path in sorted((REPO / "codegen").rglob("*.py")):
         import ast
 

@@ -17,7 +17,11 @@ def test_attention_differs_per_model_where_the_smem_rule_says_so():
     # 128 rows need 262,144 B, so 64.
     assert (llama.triton_block_n, qwen.triton_block_n) == (128, 64)
     assert dispatch.dispatch_kernel_config("attention", "h200") == qwen  # the default model
-    assert dispatch.DEFAULT_MODEL == "qwen36" and set(dispatch.MODELS) == {"llama31_8b", "qwen36"}
+    assert dispatch.DEFAULT_MODEL == "qwen36"
+    assert set(dispatch.MODELS) == {"deepseek_v3", "gemma2_9b", "gpt_oss_20b", "llama31_8b", "qwen36"}
+    # DeepSeek-V3's head_dim 192 runs 256-wide tiles (padded): its smem rule counts 256 columns, so
+    # 64 rows as at 256 (128 rows of 192 columns, 196,608 B, would fit and overflow the real tile).
+    assert dispatch.dispatch_kernel_config("attention", "h200", model="deepseek_v3").triton_block_n == 64
 
 
 def test_a_config_for_some_models_refuses_the_others():
