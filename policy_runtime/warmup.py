@@ -273,7 +273,7 @@ class MatmulDriver:
         (pointers are torch's, 16-byte aligned)."""
         tma = ()
         if v.kind == "tma_persistent":
-            tma = (_mm_splits(v, triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)) == 1,)
+            tma = (_mm_splits(v, _launch._cdiv(M, v.block_m) * _launch._cdiv(N, v.block_n)) == 1,)
             if N == 1 or K == 1:
                 tma += (cls.size_class(M),)
         return (cls.size_class(N), cls.size_class(K), K % v.block_k == 0, *tma)
