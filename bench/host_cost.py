@@ -285,7 +285,9 @@ def measure(name, fn) -> dict:
     row = {
         "entry": name,
         "launches": len(launches),
-        "kernels": [getattr(k, "__name__", None) or getattr(getattr(k, "fn", None), "__name__", "?") for k, *_ in launches],
+        "kernels": [
+            getattr(k, "__name__", None) or getattr(getattr(k, "fn", None), "__name__", "?") for k, *_ in launches
+        ],
     }
     if not launches:
         row["eager_us"] = timed({"eager": fn}, ITERS, ROUNDS)["eager"]
@@ -374,7 +376,9 @@ def main() -> int:
             else:
                 log(f"{name:22s} eager {row['eager_us']:8.2f} us/call: {row['note']}")
         except Exception as e:  # noqa: BLE001
-            RES["errors"].append({"entry": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]})
+            RES["errors"].append(
+                {"entry": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            )
             log(f"ERROR {name}: {type(e).__name__}: {str(e)[:300]}")
         write_json()
     if not ARGS.only or "matmul_triton" in ARGS.only:
@@ -388,7 +392,13 @@ def main() -> int:
                 f" matmul_triton {m['ours_vs_torch']:.2f}x torch.matmul (target >= 0.95x)"
             )
         except Exception as e:  # noqa: BLE001
-            RES["errors"].append({"entry": "matmul eager", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]})
+            RES["errors"].append(
+                {
+                    "entry": "matmul eager",
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
+            )
             log(f"ERROR matmul eager: {type(e).__name__}: {str(e)[:300]}")
     print(
         "\n| entry point | launches | eager us/call | bare launch us/call | over bare us | (fastest rounds: eager, bare,"
@@ -402,7 +412,9 @@ def main() -> int:
             f" | {fmt('eager_min_us')}, {fmt('bare_min_us')}, {fmt('over_bare_min_us')} | {fmt('direct_us')} |"
         )
     past = [r["entry"] for r in RES["entries"] if r.get("within_limit") is False]
-    log(f"{len(RES['entries'])} entry points, {len(RES['errors'])} errors; past {LIMIT_US} us over bare: {past or 'none'}")
+    log(
+        f"{len(RES['entries'])} entry points, {len(RES['errors'])} errors; past {LIMIT_US} us over bare: {past or 'none'}"
+    )
     write_json()
     return 1 if RES["errors"] else 0
 

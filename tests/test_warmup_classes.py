@@ -63,11 +63,7 @@ def test_each_bucket_is_planned_in_every_size_class_that_reaches_it():
     D = W.MatmulDriver
     for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         for bucket in mm.buckets("h200", torch_dtype):
-            described = {
-                c.covers[5]
-                for c in plan.calls
-                if c.covers[2:5] == (bucket.name, dtype, "b row-major")
-            }
+            described = {c.covers[5] for c in plan.calls if c.covers[2:5] == (bucket.name, dtype, "b row-major")}
             # Every bucket here serves some N and K of each class: multiples of 16 (with K a
             # multiple of block_k and not), and sizes that are not (odd ones).
             n_classes = {d.split(",")[0] for d in described}
