@@ -11,20 +11,27 @@ Times are GPU times (bench/timing.py: median of runs each after an L2 flush, the
 time off the clock), in interleaved rounds against the reference; ratios are the median over
 rounds of reference time / our time (> 1: ours faster).
 
-1. prefill (prefill_attention), causal and not, head_dim 128 (32 query / 8 KV heads, as
-   Llama-3.1-8B) and 256 (16 / 4, as Qwen3.6), sequences of 1k, 4k and 16k tokens, in an
+1. prefill (prefill_attention), causal and not, head_dim 64 (32 query / 8 KV heads), 128 (32 / 8,
+   as Llama-3.1-8B) and 256 (16 / 4, as Qwen3.6), sequences of 1k, 4k and 16k tokens (--quick: 1k
+   and 8k), in an
    equal batch (16k tokens: 16 x 1k, 4 x 4k, 1 x 16k) and a ragged one (lengths from 17% to
    100% of the sequence length, about 1.5x the tokens): TFLOP/s (causal: half the
    score matrix) against SDPA with the flash backend on the same data (GQA through
    ``enable_gqa``; a ragged batch as one SDPA call per sequence, replayed from a CUDA graph so
-   that host launch gaps do not count).  Summary: the geometric mean
-   of the ratios over the causal shapes at 4k and 16k, and the lowest ratio.
-2. decode (decode_attention) on a paged cache (block size 16, blocks in random order), batch
-   1 / 8 / 32 / 128, context 1k / 8k / 32k, head_dim 256 with 4 KV heads (Qwen3.6) and head_dim 128
-   with 8 KV heads: KV bytes read per second as a fraction of a device copy's bandwidth (the copy
-   of the same number of bytes, read + written, capped at 2 GiB), and the time against SDPA
-   (flash) on the same K/V already contiguous ([batch, kv_heads, context, head_dim], no block
-   table): an upper anchor.  The path the policy takes (V1, V2) is recorded per case.
+   that host launch gaps do not count).  Peers in the same rounds, each checked first: compiled
+   FlexAttention (one call over the packed batch with a document mask, causal within each
+   sequence; the block mask built outside the timing) and SDPA's cuDNN backend (called as flash
+   is).  Summary: the geometric mean of the ratios over the causal shapes at 4k and 16k, and the
+   lowest ratio.
+2. decode (decode_attention) on a paged cache (block size 16, blocks in random order) over
+   (head_dim, query heads, KV heads) = (64, 16, 16), (128, 32, 8), (128, 64, 8), (256, 16, 4),
+   (256, 16, 2): GQA 1, 4 and 8; DECODE_CASES of batch 1 to 256 and context 1k to 128k, equal and
+   ragged (lengths RAGGED fractions of the context): KV bytes read per second as a fraction of a
+   device copy's bandwidth (the copy of the same number of bytes, read + written, capped at
+   2 GiB), the time against SDPA (flash) on the same K/V already contiguous ([batch, kv_heads,
+   context, head_dim], no block table; equal batches only): an upper anchor, and against vLLM's
+   Triton paged decode (../shared/peers/vllm_triton.py when present, VLLM_KV_SPLITS splits) on the
+   same paged cache.  The path the policy takes (V1, V2, pytorch) is recorded per case.
 3. V1 against V2 at contexts past the policy's v1_v2_threshold (batch 8 and 32, both models):
    the decode kernel forced to V1 (a record with no threshold) and to V2.
 4. First call of a new sequence length (prefill and decode, kernels already compiled): wall
@@ -54,6 +61,7 @@ def _parse():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case (default 3)")
     ap.add_argument("--budget-s", type=float, default=240.0, help="soft budget: later cases are skipped past it")
     ap.add_argument("--json", default=None, help="JSON path (default $OUT/attention.json)")
+    ap.add_argument("--quick", action="store_true", help="fewer prefill lengths and decode cases (the ~2 min run)")
     return ap.parse_args()
 
 
@@ -69,6 +77,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
+from bench import peers  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
 from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import attention as at  # noqa: E402
@@ -85,6 +94,19 @@ MAX_REL_ERR = 2e-2
 # Models: head_dim -> (query heads, KV heads); fewer heads in the smoke run (the interpreter
 # runs programs one by one).
 MODELS = {128: (4, 2), 256: (4, 1)} if SMOKE else {128: (32, 8), 256: (16, 4)}
+# Prefill's head dims: MODELS and head_dim 64 (32 query / 8 KV heads) on the GPU.
+PREFILL_MODELS = MODELS if SMOKE else {64: (32, 8), **MODELS}
+# Decode's shapes (head_dim, query heads, KV heads): GQA ratios 1, 4 and 8 over head dims 64, 128, 256.
+DECODE_MODELS = (
+    [(128, 4, 2), (256, 4, 1)]
+    if SMOKE
+    else [(64, 16, 16), (128, 32, 8), (128, 64, 8), (256, 16, 4), (256, 16, 2)]
+)
+# The peers: vLLM's Triton paged decode (../shared/peers/vllm_triton.py, when there) with
+# VLLM_KV_SPLITS splits (SGLang's default; vLLM's MLA caller uses 4), compiled FlexAttention and
+# SDPA's cuDNN backend (GPU only) in prefill.
+VLLM, PEER_NOTE = peers.load()
+VLLM_KV_SPLITS = 8
 RES: dict = {
     "meta": {},
     "prefill": [],
@@ -92,6 +114,7 @@ RES: dict = {
     "v1_vs_v2": [],
     "first_call": {},
     "correctness": [],
+    "peers": {},
     "skipped": [],
     "errors": [],
 }
@@ -103,10 +126,21 @@ if SMOKE:
     PREFILL_SEQS, PREFILL_TOKENS = [24, 70], 24
     DECODE_BATCHES, DECODE_CONTEXTS = [1, 2], [40, 600]
     V1V2 = [(1, 600)]
+    # (batch, context, ragged): every pair of batch and context of the smoke run, and one ragged.
+    DECODE_CASES = [(b, c, False) for c in DECODE_CONTEXTS for b in DECODE_BATCHES] + [(3, 100, True)]
+    # The vLLM peer (slow in the interpreter) at head_dim 128 on these only.
+    SMOKE_VLLM = {(1, 40, False), (3, 100, True)}
 else:
-    PREFILL_SEQS, PREFILL_TOKENS = [1024, 4096, 16384], 16384
+    PREFILL_SEQS, PREFILL_TOKENS = ([1024, 8192] if ARGS.quick else [1024, 4096, 16384]), 16384
     DECODE_BATCHES, DECODE_CONTEXTS = [1, 8, 32, 128], [1024, 8192, 32768]
     V1V2 = [(8, 16384), (8, 32768), (32, 32768)]
+    # Batch 1 to 256, context 1k to 128k, equal and ragged (RAGGED fractions of the context).
+    DECODE_CASES = [
+        (1, 1024, False), (1, 131072, False), (8, 8192, False), (8, 131072, True),
+        (32, 32768, False), (32, 32768, True), (128, 4096, False), (256, 1024, False), (256, 8192, True),
+    ]  # fmt: skip
+    if not ARGS.quick:
+        DECODE_CASES += [(1, 8192, False), (8, 32768, False), (64, 16384, True), (128, 8192, False), (256, 4096, False)]
 BLOCK_SIZE = 16
 # Ragged batches: each sequence's length as a fraction of the phase's sequence length.
 RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
@@ -119,8 +153,10 @@ def record_error(where, e):
     log(f"ERROR in {where}: {type(e).__name__}: {str(e)[:500]}")
 
 
-def over_budget(what):
-    if elapsed() > ARGS.budget_s:
+def over_budget(what, share=1.0):
+    """Past ``share`` of the budget (prefill stops at 45% of it and decode at 85%, so that one phase
+    cannot take the others' time)?  Never in the smoke run."""
+    if not SMOKE and elapsed() > ARGS.budget_s * share:  # (the smoke run checks every case's wiring)
         RES["skipped"].append(f"{what} (budget)")
         log(f"skip {what} (budget)")
         return True
@@ -244,11 +280,11 @@ def prefill_flops(lengths, H, D, causal):
 
 def phase_prefill():
     for causal in (True, False):
-        for head_dim, (H, Hkv) in MODELS.items():
+        for head_dim, (H, Hkv) in PREFILL_MODELS.items():
             for seq in PREFILL_SEQS:
                 for ragged in (False, True):
                     name = f"prefill {'causal' if causal else 'full'} d={head_dim} seq={seq} {'ragged' if ragged else 'equal'}"
-                    if over_budget(name):
+                    if over_budget(name, 0.45):
                         continue
                     try:
                         one_prefill(name, causal, head_dim, H, Hkv, seq, ragged)
@@ -264,6 +300,88 @@ def phase_prefill():
     }
     log(f"prefill summary: {RES['prefill_summary']}")
     write_json()
+
+
+_FLEX = []
+
+
+def flex_fn():
+    """FlexAttention, compiled once (torch.compile) on the GPU; as it is on the CPU."""
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX.append(flex_attention if SMOKE else torch.compile(flex_attention))
+    return _FLEX[0]
+
+
+def flex_method(q, k, v, lengths, causal):
+    """FlexAttention over the packed batch ([1, heads, tokens, dim] views) with a document mask
+    (and causal within each sequence): one call for equal and ragged batches alike.  The block
+    mask is built here, once, outside the timing (as cu_seqlens are)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    total = q.shape[0]
+    doc = torch.repeat_interleave(
+        torch.arange(len(lengths), device=DEV), torch.tensor(lengths, device=DEV), output_size=total
+    )
+
+    def mask_mod(b, h, qi, ki):
+        same = doc[qi] == doc[ki]
+        return same & (qi >= ki) if causal else same
+
+    block_mask = create_block_mask(mask_mod, 1, None, total, total, device=DEV, _compile=not SMOKE)
+    qf, kf, vf = (t.transpose(0, 1)[None] for t in (q, k, v))
+    fa = flex_fn()
+
+    def run():
+        return fa(qf, kf, vf, block_mask=block_mask, enable_gqa=True)
+
+    return run
+
+
+def cudnn_method(q, k, v, lengths, causal):
+    """SDPA's cuDNN backend as the flash reference calls SDPA (one call on an equal batch, one
+    call per sequence replayed from a CUDA graph on a ragged one).  GQA through enable_gqa; where
+    this cuDNN refuses it, K and V expanded to the query heads (outside the timing), noted in
+    RES["peers"].  None on the CPU (no cuDNN)."""
+    if SMOKE:
+        RES["peers"]["cudnn"] = "left out: SDPA's cuDNN backend needs a GPU"
+        return None
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    H, Hkv = q.shape[1], k.shape[1]
+
+    def calls(kk, vv, gqa):
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+
+        def one(a, b):
+            qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, kk, vv))
+            return F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=gqa)
+
+        def run():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                if len(set(lengths)) == 1:
+                    B, n = len(lengths), lengths[0]
+                    qv, kv2, vv2 = (t.view(B, n, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, kk, vv))
+                    o = F.scaled_dot_product_attention(qv, kv2, vv2, is_causal=causal, enable_gqa=gqa)
+                    return o.transpose(1, 2).reshape(q.shape)
+                return torch.cat([one(a, b)[0].transpose(0, 1) for a, b in zip(cu, cu[1:])])
+
+        return run
+
+    try:
+        fn = calls(k, v, True)
+        fn()
+        sync()
+        RES["peers"].setdefault("cudnn", "GQA through enable_gqa")
+    except Exception as e:  # noqa: BLE001
+        rep = H // Hkv
+        k2, v2 = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        fn = calls(k2, v2, False)
+        RES["peers"]["cudnn"] = f"K/V expanded to the query heads (enable_gqa: {type(e).__name__}: {str(e)[:200]})"
+    return fn
 
 
 def one_prefill(name, causal, head_dim, H, Hkv, seq, ragged):
@@ -330,7 +448,30 @@ def one_prefill(name, causal, head_dim, H, Hkv, seq, ragged):
     if not ok:
         return
     flops = prefill_flops(lengths, H, head_dim, causal)
-    timed = interleaved({"ours": ours, "sdpa": reference_timed}, ROUNDS, "sdpa", timer(estimate_ms(ours)))
+    methods = {"ours": ours, "sdpa": reference_timed}
+    # The peers, each checked against the flash reference before it is timed; one that fails to
+    # run or to match is recorded (a failed check, or an error in RES["peers"]) and not timed.
+    for peer, make in (
+        ("flex", lambda: flex_method(q, k, v, lengths, causal)),
+        ("cudnn", lambda: cudnn_method(q, k, v, lengths, causal)),
+    ):
+        if SMOKE and seq != PREFILL_SEQS[0]:
+            continue  # the interpreter's run: the peers' wiring at the shortest length only
+        try:
+            fn = make()
+            if fn is None:
+                continue
+            got = fn()
+            if peer == "flex":
+                got = got[0].transpose(0, 1)
+            sync()
+            if check(f"{name} ({peer})", got, ref_out):
+                # A ragged batch's per-sequence cuDNN calls replayed from a CUDA graph, as flash's.
+                methods[peer] = replayed(fn) if (ragged and peer == "cudnn") else fn
+        except Exception as e:  # noqa: BLE001
+            row.setdefault("peer_errors", {})[peer] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(f"{name}: {peer}: {row['peer_errors'][peer]}")
+    timed = interleaved(methods, ROUNDS, "sdpa", timer(estimate_ms(ours)))
     row.update(
         ours_ms=timed["ours"]["ms"],
         sdpa_ms=timed["sdpa"]["ms"],
@@ -338,7 +479,16 @@ def one_prefill(name, causal, head_dim, H, Hkv, seq, ragged):
         sdpa_tflops=flops / (timed["sdpa"]["ms"] * 1e-3) / 1e12,
         ratio=timed["ours"]["ratio"],
     )
-    log(f"{name:46s} ours {row['ours_tflops']:7.1f} TFLOP/s  sdpa {row['sdpa_tflops']:7.1f}  ratio {row['ratio']:.3f}")
+    for peer in ("flex", "cudnn"):
+        if peer in timed:
+            row[f"{peer}_ms"] = timed[peer]["ms"]
+            row[f"{peer}_tflops"] = flops / (timed[peer]["ms"] * 1e-3) / 1e12
+            # peer time / ours (> 1: ours faster): both ratios are against sdpa, in the same rounds.
+            row[f"ours_vs_{peer}"] = timed["ours"]["ratio"] / timed[peer]["ratio"]
+    log(
+        f"{name:46s} ours {row['ours_tflops']:7.1f} TFLOP/s  sdpa {row['sdpa_tflops']:7.1f}  ratio {row['ratio']:.3f}"
+        + "".join(f"  {p} {row[p + '_tflops']:7.1f}" for p in ("flex", "cudnn") if p + "_tflops" in row)
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -384,17 +534,18 @@ def decode_path(sel, batch, context, Hkv):
 
 
 def phase_decode():
-    for head_dim, (H, Hkv) in MODELS.items():
-        for context in DECODE_CONTEXTS:
-            for batch in DECODE_BATCHES:
-                name = f"decode d={head_dim} kv={Hkv} batch={batch} ctx={context}"
-                if over_budget(name):
-                    continue
-                try:
-                    one_decode(name, head_dim, H, Hkv, batch, context)
-                except Exception as e:  # noqa: BLE001
-                    record_error(name, e)
-                release()
+    RES["peers"]["vllm_decode"] = PEER_NOTE or f"{peers.path()} (num_kv_splits {VLLM_KV_SPLITS})"
+    log(f"vLLM decode peer: {RES['peers']['vllm_decode']}")
+    for head_dim, H, Hkv in DECODE_MODELS:
+        for batch, context, ragged in DECODE_CASES:
+            name = f"decode d={head_dim} h={H} kv={Hkv} batch={batch} ctx={context}" + (" ragged" if ragged else "")
+            if over_budget(name, 0.85):
+                continue
+            try:
+                one_decode(name, head_dim, H, Hkv, batch, context, ragged)
+            except Exception as e:  # noqa: BLE001
+                record_error(name, e)
+            release()
     rows = [r for r in RES["decode"] if "frac_copy" in r]
     RES["decode_summary"] = {
         "min_frac_copy_batch8_ctx8k": min(
@@ -405,9 +556,13 @@ def phase_decode():
     write_json()
 
 
-def one_decode(name, head_dim, H, Hkv, batch, context):
+def one_decode(name, head_dim, H, Hkv, batch, context, ragged=False):
+    """One decode case: equal lengths of ``context`` tokens, or (ragged) RAGGED fractions of it.
+    The SDPA anchor (flash on contiguous K/V) runs on equal batches only; a ragged batch is
+    checked against SDPA per sequence."""
     key_cache, value_cache, table, k_c, v_c = paged_cache(batch, context, Hkv, head_dim)
-    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEV)
+    lengths = [max(1, int(context * RAGGED[i % len(RAGGED)])) for i in range(batch)] if ragged else [context] * batch
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=DEV)
     query = rnd(batch, H, head_dim)
     out = torch.full_like(query, float("nan"))
     sel = at.select(DT, head_dim, hw=HW, device=torch.device(DEV))
@@ -420,10 +575,33 @@ def one_decode(name, head_dim, H, Hkv, batch, context):
     reference = flash_only(lambda: sdpa(q4, k_c, v_c, False))
 
     ours()
-    ref = reference()[:, :, 0, :]
+    if ragged:
+        ref = torch.cat(
+            [sdpa(q4[i : i + 1], k_c[i : i + 1, :, :n], v_c[i : i + 1, :, :n], False) for i, n in enumerate(lengths)]
+        )[:, :, 0, :]
+    else:
+        ref = reference()[:, :, 0, :]
     sync()
     ok = check(name, out, ref)
-    kv_bytes = 2 * batch * context * Hkv * head_dim * query.element_size()
+    methods = {"ours": ours}
+    if not ragged:
+        methods["sdpa"] = reference
+    if VLLM is not None and ok and (not SMOKE or (head_dim == 128 and (batch, context, ragged) in SMOKE_VLLM)):
+        try:
+            peer = VLLM.VllmDecode(query, VLLM_KV_SPLITS, 1.0 / math.sqrt(head_dim))
+
+            def vllm():
+                return peer(query, key_cache, value_cache, table, seq_lens)
+
+            got = vllm()
+            sync()
+            if check(f"{name} (vllm)", got, ref):
+                methods["vllm"] = vllm
+        except Exception as e:  # noqa: BLE001
+            RES["peers"].setdefault("vllm_decode_errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(f"{name}: vllm: {type(e).__name__}: {str(e)[:300]}")
+    del ref
+    kv_bytes = 2 * sum(lengths) * Hkv * head_dim * query.element_size()
     row = {
         "name": name,
         "head_dim": head_dim,
@@ -432,28 +610,39 @@ def one_decode(name, head_dim, H, Hkv, batch, context):
         "context": context,
         "kv_bytes": kv_bytes,
         "path": decode_path(sel, batch, context, Hkv),
+        "ragged": ragged,
+        "lengths": lengths if ragged else None,
         "ok": ok,
     }
     RES["decode"].append(row)
     if not ok:
         return
-    timed = interleaved({"ours": ours, "sdpa": reference}, ROUNDS, "sdpa", timer(estimate_ms(ours)))
+    timed = interleaved(methods, ROUNDS, "ours", timer(estimate_ms(ours)))
     key_cache = value_cache = k_c = v_c = None  # free the caches before the copy's buffers
     release()
     ours_bw = kv_bytes / (timed["ours"]["ms"] * 1e-3)
     copy_bw = copy_bandwidth(kv_bytes)
     row.update(
         ours_us=timed["ours"]["ms"] * 1e3,
-        sdpa_us=timed["sdpa"]["ms"] * 1e3,
         ours_tbps=ours_bw / 1e12,
         copy_tbps=copy_bw / 1e12,
         frac_copy=ours_bw / copy_bw,
-        ratio_vs_sdpa=timed["ours"]["ratio"],
         kv_once_at_copy_us=kv_bytes / copy_bw * 1e6,
     )
+    # ratio: the median over rounds of ours / the method (> 1: ours faster), the reference being ours.
+    for peer in ("sdpa", "vllm"):
+        if peer in timed:
+            row[f"{peer}_us"] = timed[peer]["ms"] * 1e3
+            row[f"ratio_vs_{peer}"] = 1 / timed[peer]["ratio"]
+            row[f"{peer}_frac_copy"] = kv_bytes / (timed[peer]["ms"] * 1e-3) / copy_bw
     log(
-        f"{name:42s} {row['path']:18s} ours {row['ours_us']:9.1f} us {row['ours_tbps']:6.3f} TB/s "
-        f"({row['frac_copy']:.2f} of copy)  sdpa {row['sdpa_us']:9.1f} us  sdpa/ours {row['ratio_vs_sdpa']:.3f}"
+        f"{name:52s} {row['path']:18s} ours {row['ours_us']:9.1f} us {row['ours_tbps']:6.3f} TB/s "
+        f"({row['frac_copy']:.2f} of copy)"
+        + "".join(
+            f"  {p} {row[p + '_us']:9.1f} us ({row[p + '_frac_copy']:.2f} of copy), {p}/ours {row['ratio_vs_' + p]:.3f}"
+            for p in ("sdpa", "vllm")
+            if p + "_us" in row
+        )
     )
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
-# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,first_call,warmup}...   Logs go to $OUT (or /tmp).
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,peers,host_cost,warmup_classes,first_call,warmup}...   Logs go to $OUT (or /tmp).
 # first_call: only matmul's first-call latencies, 3 repeats (they move by tenths of a second between processes).
 # warmup: ahead-of-time warm-up of every kernel module (bf16, fp16), then the first calls after it and autotune's, 3 repeats.
 set -u
@@ -19,6 +19,13 @@ for step in "$@"; do
         membound) python3 bench/membound.py 2>&1 | tee "$OUT/bench_membound.log" || status=1 ;;
         attention) python3 bench/attention.py 2>&1 | tee "$OUT/bench_attention.log" || status=1 ;;
         moe) python3 bench/moe.py 2>&1 | tee "$OUT/bench_moe.log" || status=1 ;;
+        # Issue 33: the peers' columns in quick runs (~6 min for the three, with host_cost), the host
+        # cost of eager calls, and the GPU test of warm-up's argument classes.
+        peers)
+            python3 bench/moe.py --quick --json "$OUT/moe_peers.json" 2>&1 | tee "$OUT/bench_moe_peers.log" || status=1
+            python3 bench/attention.py --quick --json "$OUT/attention_peers.json" 2>&1 | tee "$OUT/bench_attention_peers.log" || status=1 ;;
+        host_cost) python3 bench/host_cost.py 2>&1 | tee "$OUT/bench_host_cost.log" || status=1 ;;
+        warmup_classes) python3 -m pytest -q -p no:cacheprovider tests/test_warmup_gpu.py -rs 2>&1 | tee "$OUT/warmup_classes.log" || status=1 ;;
         first_call) python3 bench/matmul.py --first-call-only --repeats 3 2>&1 | tee "$OUT/bench_first_call.log" || status=1 ;;
         warmup) python3 bench/warmup.py --repeats 3 2>&1 | tee "$OUT/bench_warmup.log" || status=1 ;;
         *) echo "unknown step $step"; status=2 ;;

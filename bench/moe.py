@@ -9,9 +9,19 @@ Shapes (bf16, renormalized top-k routing from fp32 logits):
            num_experts, top_k (the values used are printed: the spec's hidden_size is the seed's
            deployment figure 3584, where the model card gives 2048; the expert intermediate 512
            is the card's)
-  e128     128 experts, hidden 2048, expert intermediate 768, top-8
-and T = 1, 4, 16, 64, 256, 1024, 4096, 16384 tokens each.  Methods, all on the same logits:
+  e128     Qwen3-30B-A3B's experts: 128, hidden 2048, expert intermediate 768, top-8 (a vLLM-tuned
+           H200 config exists)
+  mixtral  Mixtral-8x7B: 8 experts, hidden 4096, expert intermediate 14336, top-2 (vLLM-tuned H200 config)
+  dsv2lite DeepSeek-V2-Lite's routed experts: 64, hidden 2048, expert intermediate 1408, top-6 (vLLM has
+           no H200 file for it and takes its default config)
+and T = 1, 4, 16, 64, 256, 1024, 4096, 8192 tokens each (--quick: 1, 16, 256, 2048, 8192).  Methods, all
+on the same logits:
   ours     topk_softmax + fused_moe (alignment inside: routing and alignment included)
+  vllm     (when ../shared/peers/vllm_triton.py is there; else the column is left out and the run says
+           so) our topk_softmax (vLLM's router is a CUDA op the peer file does not carry) + vLLM's
+           Triton fused MoE forward (its expert assignment, up GEMM, silu_and_mul, down GEMM, sum over
+           k), with the config vLLM would pick on this device (the tuned H200 JSON where vLLM ships
+           one, else its default); the source of the config is recorded per case
   grouped  torch.softmax + topk, a stable argsort by expert with bincount offsets, the gathered
            rows through torch._grouped_mm twice (else, where this torch lacks it, a per-expert
            torch.matmul loop), SiLU-and-mul between, the weighted rows summed per token
@@ -47,6 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+QUICK_TOKENS = [1, 16, 256, 2048, 8192]
+
+
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes in the interpreter")
@@ -54,6 +67,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds per case (default 4)")
     p.add_argument("--budget-s", type=float, default=240.0, help="soft budget: later cases are skipped past it")
     p.add_argument("--json", default=None, help="JSON path (default $OUT/moe.json)")
+    p.add_argument("--quick", action="store_true", help=f"fewer token counts: {QUICK_TOKENS}")
     return p.parse_args()
 
 
@@ -67,6 +81,7 @@ if SMOKE:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from bench import peers  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
 from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import moe as M  # noqa: E402
@@ -74,10 +89,13 @@ from generated.dispatch import target_name  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
-TOKENS = [1, 3, 16, 40, 600] if SMOKE else [1, 4, 16, 64, 256, 1024, 4096, 16384]
+TOKENS = [1, 3, 16, 40, 600] if SMOKE else QUICK_TOKENS if ARGS.quick else [1, 4, 16, 64, 256, 1024, 4096, 8192]
 # The smoke run's e128 stand-in (past 512 intermediate columns, the interpreter's slowest shape)
 # skips T = 3: the qwen36 stand-in covers its bucket.
 SMOKE_SKIP = {("e128", 3)}
+# The smoke run times the vLLM peer (slow in the interpreter) only here: its naive expert
+# assignment (T * k * 4 <= E) at one token, its aligned one at 16.
+SMOKE_PEER = {("qwen36", 1), ("qwen36", 16)}
 PREFILL = 16 if SMOKE else 4096  # T from which the cuBLAS comparison runs
 GRAPH_T_MAX = 16  # decode (the issue's T <= 16): ours and grouped also timed as CUDA graph replays (GPU only)
 STEP_LAYERS = 2 if SMOKE else 8  # layers of the decode step timed at T <= GRAPH_T_MAX
@@ -85,6 +103,9 @@ TOL = 2e-2
 RES: dict = {"meta": {}, "copy": {}, "shapes": {}, "cases": [], "errors": [], "skipped": []}
 RUN = RunLog("moe", RES, smoke=SMOKE, json_arg=ARGS.json)
 log, sync, write_json = RUN.log, RUN.sync, RUN.write
+
+
+VLLM, PEER_NOTE = peers.load()
 
 
 def bench_ms(fn) -> float:
@@ -115,8 +136,19 @@ def shapes() -> dict[str, dict]:
                 f" {spec['moe_intermediate_size']} (the card's), {spec['num_experts']} experts, top-{spec['top_k']}"
             ),
         ),
-        "e128": dict(E=128, H=2048, I=768, k=8, note="128 experts, hidden 2048, expert intermediate 768, top-8"),
-    }
+        "e128": dict(
+            E=128, H=2048, I=768, k=8,
+            note="Qwen3-30B-A3B's experts: 128, hidden 2048, expert intermediate 768, top-8 (vLLM has a tuned H200 config)",
+        ),
+        "mixtral": dict(
+            E=8, H=4096, I=14336, k=2,
+            note="Mixtral-8x7B: 8 experts, hidden 4096, expert intermediate 14336, top-2 (vLLM has a tuned H200 config)",
+        ),
+        "dsv2lite": dict(
+            E=64, H=2048, I=1408, k=6,
+            note="DeepSeek-V2-Lite's routed experts: 64, hidden 2048, expert intermediate 1408, top-6 (vLLM: its default config)",
+        ),
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,6 +302,16 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
         check("grouped", base(), grouped_ref, case)
     case["tokens_routed_differently"] = int((ids.long().sort(-1).values != ti.sort(-1).values).any(-1).sum())
     methods = {"ours": ours, "grouped": base}
+    if VLLM is not None and (not SMOKE or (shape_name, T) in SMOKE_PEER):
+        peer = VLLM.VllmMoE(w1, w2, k, T, device_name=VLLM.device_name())
+        case["vllm_config"] = f"{peer.config_source}: {peer.config}"
+
+        def vllm():
+            weights, ids = M.topk_softmax(logits, k, True)
+            return peer(x, weights, ids)
+
+        check("vllm", vllm(), ours_ref, case)  # the same router as ours: the same routing
+        methods["vllm"] = vllm
     m_e = max(1, T * k // E)  # rows an expert gets on average
     if T >= PREFILL:
         a_e = torch.randn(m_e, H, device=DEV).to(DT)
@@ -309,11 +351,16 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
         # grouped time / ours, the median over rounds (interleaved's ratio is ours / grouped).
         ours_vs_grouped=1 / timed["grouped"]["ratio"],
     )
+    if "vllm" in ms:
+        case["vllm_us"] = ms["vllm"] * 1e3
+        case["ours_vs_vllm"] = 1 / timed["vllm"]["ratio"]  # vllm time / ours, median over rounds
     case["ours_weight_frac_copy"] = case["ours_weight_tbps"] / copy
     if not SMOKE and T <= GRAPH_T_MAX:
         # Decode as a server runs it: each method's launches captured once, timed as replays.
         replays = {}
-        for name, ref in (("ours", ours_ref), ("grouped", grouped_ref)):
+        for name, ref in (("ours", ours_ref), ("grouped", grouped_ref), ("vllm", ours_ref)):
+            if name not in methods:
+                continue
             try:
                 graph, got = captured(methods[name])
                 got.fill_(float("nan"))  # every element must be written by the replay
@@ -327,8 +374,9 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
             g_ms = {n: t["ms"] for n, t in interleaved(replays, ARGS.rounds, "ours", bench_ms).items()}
             case["ours_graph_us"] = g_ms["ours"] * 1e3
             case["ours_graph_weight_frac_copy"] = weight_bytes / (g_ms["ours"] * 1e-3) / 1e12 / copy
-            if "grouped" in g_ms:
-                case["grouped_graph_us"] = g_ms["grouped"] * 1e3
+            for name in ("grouped", "vllm"):
+                if name in g_ms:
+                    case[f"{name}_graph_us"] = g_ms[name] * 1e3
     if T <= GRAPH_T_MAX and not (SMOKE and T > 1):  # (the interpreter: one token only, for its time)
         try:
             step_ms = decode_step_ms(x, w1, w2, logits, k, hw, case)
@@ -400,15 +448,17 @@ def fmt(v, spec) -> str:
 
 
 def table(cases) -> None:
-    head = "| shape | T | bucket | ours us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | in graphs: ours us | of copy | grouped us | decode step: us a layer | of copy | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
+    head = "| shape | T | bucket | ours us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | vLLM us | ours vs vLLM | in graphs: ours us | of copy | grouped us | vLLM us | decode step: us a layer | of copy | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for c in cases:
         print(
             f"| {c['shape']} | {c['T']} | {c['bucket']} | {fmt(c.get('ours_us'), '.1f')} | {fmt(c.get('ours_weight_tbps'), '.3f')}"
             f" | {fmt(c.get('ours_weight_frac_copy'), '.2f')} | {fmt(c.get('ours_tflops'), '.1f')} | {fmt(c.get('grouped_us'), '.1f')}"
-            f" | {fmt(c.get('ours_vs_grouped'), '.2f')}x | {fmt(c.get('ours_graph_us'), '.1f')}"
+            f" | {fmt(c.get('ours_vs_grouped'), '.2f')}x | {fmt(c.get('vllm_us'), '.1f')} | {fmt(c.get('ours_vs_vllm'), '.2f')}x"
+            f" | {fmt(c.get('ours_graph_us'), '.1f')}"
             f" | {fmt(c.get('ours_graph_weight_frac_copy'), '.2f')} | {fmt(c.get('grouped_graph_us'), '.1f')}"
+            f" | {fmt(c.get('vllm_graph_us'), '.1f')}"
             f" | {fmt(c.get('ours_step_layer_us'), '.1f')} | {fmt(c.get('ours_step_weight_frac_copy'), '.2f')}"
             f" | {fmt(c.get('cublas_expert_tflops'), '.1f')}"
             f" | {fmt(c.get('ours_vs_cublas_expert_tflops'), '.2f')} | {fmt(c.get('cublas_dense_tflops'), '.1f')} |"
@@ -422,13 +472,15 @@ def main() -> int:
     use_grouped_mm = has_grouped_mm()
     RES["meta"]["grouped_baseline"] = "torch._grouped_mm" if use_grouped_mm else "per-expert torch.matmul loop"
     log(f"grouped baseline: {RES['meta']['grouped_baseline']}")
+    RES["meta"]["vllm_peer"] = PEER_NOTE or str(peers.path())
+    log(f"vLLM peer: {RES['meta']['vllm_peer']}")
     for name, s in shapes().items():
         RES["shapes"][name] = s
         log(f"shape {name}: E={s['E']} H={s['H']} I={s['I']} top-{s['k']} ({s['note']})")
         for T in TOKENS:
             if SMOKE and (name, T) in SMOKE_SKIP:
                 continue
-            if RUN.elapsed() > ARGS.budget_s:
+            if not SMOKE and RUN.elapsed() > ARGS.budget_s:  # (the smoke run checks every case's wiring)
                 RES["skipped"].append(f"{name} T={T} (budget)")
                 log(f"skipped {name} T={T}: past the {ARGS.budget_s:.0f} s budget")
                 continue
@@ -439,6 +491,7 @@ def main() -> int:
                     f"{name} T={T:5d} {case['bucket']:15s} ours {case['ours_us']:9.1f} us"
                     f" ({case['ours_weight_frac_copy']:.2f} of copy, {case['ours_tflops']:.1f} TFLOP/s),"
                     f" grouped {case['grouped_us']:9.1f} us, ours {case['ours_vs_grouped']:.2f}x"
+                    + (f"; vLLM {case['vllm_us']:9.1f} us, ours {case['ours_vs_vllm']:.2f}x" if "vllm_us" in case else "")
                     + (
                         f"; graphs: ours {case['ours_graph_us']:.1f} us ({case['ours_graph_weight_frac_copy']:.2f} of copy)"
                         if "ours_graph_us" in case

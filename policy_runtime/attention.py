@@ -689,7 +689,7 @@ class Attention:
             return out
         cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
         cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
-        grid = (triton.cdiv(max_q, kernel.block_m), H, batch)
+        grid = (_launch._cdiv(max_q, kernel.block_m), H, batch)
         # flash-attn's window: (left, right), -1 unbounded, right 0 under a causal mask.  An
         # unbounded side is a bound no key reaches; no window at all compiles no window code.
         left, right = feat.window
@@ -866,7 +866,7 @@ class Attention:
             if parts > 1:
                 block_d = min(_tile_width(D), _MERGE_BLOCK_D)
                 _launch._launch_kernel(
-                    _merge, (S, H, triton.cdiv(D, block_d)),
+                    _merge, (S, H, _launch._cdiv(D, block_d)),
                     out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
                     out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
                 )  # fmt: skip
@@ -885,12 +885,12 @@ def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int,
         # than one partition.
         v1_limit = min(v1_limit, cfg.partition_size)
     ps = cfg.partition_size
-    parts = 1 if bound <= v1_limit else triton.cdiv(bound, ps)
+    parts = 1 if bound <= v1_limit else _launch._cdiv(bound, ps)
     # A V2 launch with fewer programs than one wave of resident ones leaves memory bandwidth
     # unused: its partitions halve (down to v2_min_partition tokens) until it fills the wave.
     while 1 < parts and S * Hkv * parts < lcfg.v2_min_programs and ps // 2 >= lcfg.v2_min_partition:
         ps //= 2
-        parts = triton.cdiv(bound, ps)
+        parts = _launch._cdiv(bound, ps)
     return v1_limit, ps, parts
 
 

@@ -371,24 +371,22 @@ def _split_k_buffers(v: Variant, c: torch.Tensor, tiles: int, splits: int) -> tu
 
 
 def _launch_grouped(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, M: int, N: int, K: int) -> None:
-    tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
+    tiles = _launch._cdiv(M, v.block_m) * _launch._cdiv(N, v.block_n)
     splits = _splits(v, tiles)
     ws, cnt = _split_k_buffers(v, c, tiles, splits)
     _launch._launch_kernel(
         v.kernel, (tiles, splits),
-        a, b, c, ws, cnt, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
-        c.stride(1), K % v.block_k == 0, num_warps=v.num_warps, num_stages=v.num_stages
+        a, b, c, ws, cnt, M, N, K, *a.stride(), *b.stride(), *c.stride(), K % v.block_k == 0, num_warps=v.num_warps, num_stages=v.num_stages
     )
 
 
 def _launch_small_m(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, M: int, N: int, K: int) -> None:
-    grid_n, grid_m = triton.cdiv(N, v.block_n), triton.cdiv(M, v.block_m)
+    grid_n, grid_m = _launch._cdiv(N, v.block_n), _launch._cdiv(M, v.block_m)
     splits = _splits(v, grid_n * grid_m)
     ws, cnt = _split_k_buffers(v, c, grid_n * grid_m, splits)
     _launch._launch_kernel(
         v.kernel, (grid_n, splits, grid_m),
-        a, b, c, ws, cnt, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
-        c.stride(1), num_warps=v.num_warps, num_stages=v.num_stages
+        a, b, c, ws, cnt, M, N, K, *a.stride(), *b.stride(), *c.stride(), num_warps=v.num_warps, num_stages=v.num_stages
     )
 
 
@@ -430,7 +428,7 @@ def _launch_tma_persistent(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torc
     if la is None or lb is None or lc is None or lc[0]:
         assert v.fallback is not None
         return _launch_grouped(v.fallback, a, b, c, M, N, K)
-    tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
+    tiles = _launch._cdiv(M, v.block_m) * _launch._cdiv(N, v.block_n)
     splits = _splits(v, tiles)
     ws, cnt = _split_k_buffers(v, c, tiles, splits)
     token = _ALLOCATOR.set(_descriptor_scratch)

@@ -673,12 +673,12 @@ class Variant:
                 chain = dict(PDL=pdl, EP=ep, **({"launch_pdl": True} if pdl else {}))
                 down_last = {"KB": _launch._pow2ceil(k)}
             _launch._launch_kernel(
-                self.up, (numel, triton.cdiv(inter, self.block_n)),
+                self.up, (numel, _launch._cdiv(inter, self.block_n)),
                 x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
                 act, H % self.block_k == 0, **chain, **opts,
             )  # fmt: skip
             _launch._launch_kernel(
-                self.down, (T, triton.cdiv(H, self.down_block_n)),
+                self.down, (T, _launch._cdiv(H, self.down_block_n)),
                 h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
                 **down_last, **chain, **down_opts,
             )  # fmt: skip
@@ -688,11 +688,11 @@ class Variant:
         # each expert that has any.  Past it (and past post_pad) nothing is launched or done.
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
         _launch._launch_kernel(
-            self.up, (blocks * triton.cdiv(inter, self.block_n),),
+            self.up, (blocks * _launch._cdiv(inter, self.block_n),),
             x, w1, h, sorted_ids, expert_ids, post_pad, numel, blocks, inter, H, k,
             x.stride(0), x.stride(1), *w1.stride(), *h.stride(), act, H % self.block_k == 0, **opts,
         )  # fmt: skip
-        grid = (blocks * triton.cdiv(H, self.down_block_n),)
+        grid = (blocks * _launch._cdiv(H, self.down_block_n),)
         if self.fuse_sum:
             # In warm-up's compile-only scope nothing runs, and out is left as it was.
             compiling = _launch._compiling()
@@ -723,7 +723,7 @@ class Variant:
             block_n = min(_SUM_BLOCK, _launch._pow2ceil(H))
             block_t = _SUM_BLOCK // block_n
             _launch._launch_kernel(
-                _sum_rows, (triton.cdiv(T, block_t), triton.cdiv(H, block_n)),
+                _sum_rows, (_launch._cdiv(T, block_t), _launch._cdiv(H, block_n)),
                 rows, out, T, H, k, rows.stride(0), out.stride(0), out.stride(1),
                 BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
             )  # fmt: skip
@@ -865,7 +865,7 @@ def _align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.
     # Checked, flat, contiguous ids.
     numel = ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
-    max_blocks = triton.cdiv(max_padded, block_size)
+    max_blocks = _launch._cdiv(max_padded, block_size)
     device = ids.device
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
@@ -1006,7 +1006,7 @@ def _route(
         _launch._ready_triton()
     with _guarded(x):
         _launch._launch_kernel(
-            _topk_softmax_kernel, (triton.cdiv(T, block_t),),
+            _topk_softmax_kernel, (_launch._cdiv(T, block_t),),
             x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
             BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k),
             TRIGGER=_launch._programmatic(x), num_warps=warps, **extra,

@@ -164,13 +164,17 @@ def test_matmul_calls_cover_every_bucket_in_both_layouts(target):
     assert not plan.failed and not [n for n in plan.notes if not n.startswith("moe ")]
     for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         buckets = mm.buckets(target, torch_dtype)
-        covered = [c.covers[2:] for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype]
-        assert covered == [(b.name, dtype, layout) for b in buckets for layout in W.MatmulDriver.LAYOUTS]
+        covered = [c.covers[2:5] for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype]
+        assert sorted(set(covered)) == sorted((b.name, dtype, layout) for b in buckets for layout in W.MatmulDriver.LAYOUTS)
         for call in (c for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype):
             _, _, M, N, K, _ = call.args
             bucket = mm.select(M, N, K, dtype=torch_dtype, hw=target)
-            assert bucket.name == call.covers[2] and K % bucket.triton.block_k == 0 and N % 16 == 0
-            assert launched(plan, "matmul", *call.covers) == {bucket.triton.name}
+            # Each call stands for the argument class of (N, K) it names (tests/test_warmup_classes.py).
+            assert bucket.name == call.covers[2]
+            assert call.covers[5] == W.MatmulDriver.describe_class(W.MatmulDriver.arg_class(M, N, K, bucket.triton))
+            names = launched(plan, "matmul", *call.covers)
+            fallback = bucket.triton.fallback
+            assert names == {bucket.triton.name} or (fallback is not None and names == {fallback.name}), names
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -306,14 +310,13 @@ def test_calls_of_other_shapes_launch_only_what_warm_up_compiled(target):
     assert changed >= 0.9 * len(first.calls)
     assert other.keys() <= first.keys()
     assert sum(map(len, other.launches)) == sum(map(len, first.launches))
-    # The check has teeth: N not a multiple of 16, an argument class the warm-up does not cover,
-    # is a new key.
+    # The check has teeth: a dtype the warm-up was not asked for (float32) is a new key.
     for bucket in mm.buckets(target, torch.bfloat16):
-        call = next(c for c in first.calls if c.covers[1:] == ("matmul_16bit", bucket.name, "bfloat16", "b row-major"))
+        call = next(c for c in first.calls if c.covers[1:5] == ("matmul_16bit", bucket.name, "bfloat16", "b row-major"))
         hw, dtype, M, N, K, layout = call.args
-        odd = W.Call(call.module, call.op, (hw, dtype, M, N + 8, K, layout), call.covers)
-        ((name, key),) = W._run_call(odd, torch.device("cpu")).launches
-        assert name == bucket.triton.name and key not in first.keys()
+        other_dtype = W.Call(call.module, call.op, (hw, "float32", M, N, K, layout), call.covers)
+        ((name, key),) = W._run_call(other_dtype, torch.device("cpu")).launches
+        assert key not in first.keys()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,9 +339,10 @@ def test_h200_plan_counts():
     by_module = {}
     for u in plan.units:
         by_module[u.module] = by_module.get(u.module, 0) + 1
-    # matmul: each distinct kernel of a dtype's buckets (buckets may share one), in 2 B layouts.
+    # matmul: each distinct kernel of a dtype's buckets (buckets may share one), in 2 B layouts,
+    # in each argument class of N and K (tests/test_warmup_classes.py): more than that.
     kernels = sum(len({b.triton.name for b in mm.buckets("h200", d)}) for d in (torch.bfloat16, torch.float16))
-    assert by_module["generated.matmul"] == 2 * kernels
+    assert by_module["generated.matmul"] > 2 * kernels
     # attention, per dtype: each of 5 models' prefill (causal and not), decode and merge in its
     # global layers' features (20), less the merge gemma2_9b shares with qwen36 (head_dim 256,
     # merge has no features), plus the windowed sets of gemma2_9b and gpt_oss_20b (prefill causal
