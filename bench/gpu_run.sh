@@ -13,7 +13,7 @@ status=0
 for step in "$@"; do
     case "$step" in
         tests)
-            python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_matmul.py tests/test_transform.py tests/test_cache.py tests/test_attention.py tests/test_moe.py tests/test_first_launch.py tests/test_detect.py tests/test_parity.py \
+            python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_matmul.py tests/test_transform*.py tests/test_cache.py tests/test_attention*.py tests/test_moe*.py tests/test_first_launch.py tests/test_detect.py tests/test_parity.py \
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
         matmul) python3 bench/matmul.py 2>&1 | tee "$OUT/bench_matmul.log" || status=1 ;;
         membound) python3 bench/membound.py 2>&1 | tee "$OUT/bench_membound.log" || status=1 ;;
