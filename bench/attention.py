@@ -62,6 +62,18 @@ def _parse():
     ap.add_argument("--budget-s", type=float, default=240.0, help="soft budget: later cases are skipped past it")
     ap.add_argument("--json", default=None, help="JSON path (default $OUT/attention.json)")
     ap.add_argument("--quick", action="store_true", help="fewer prefill lengths and decode cases (the ~2 min run)")
+    ap.add_argument(
+        "--phases",
+        nargs="+",
+        default=["prefill", "decode", "v1_v2", "first_call"],
+        choices=["prefill", "decode", "v1_v2", "first_call"],
+        help="which phases to run, in this order (default: all)",
+    )
+    ap.add_argument(
+        "--no-flex",
+        action="store_true",
+        help="leave FlexAttention out (torch.compile recompiles it for every packed length: minutes a case)",
+    )
     return ap.parse_args()
 
 
@@ -455,6 +467,9 @@ def one_prefill(name, causal, head_dim, H, Hkv, seq, ragged):
         ("flex", lambda: flex_method(q, k, v, lengths, causal)),
         ("cudnn", lambda: cudnn_method(q, k, v, lengths, causal)),
     ):
+        if peer == "flex" and ARGS.no_flex:
+            RES["peers"]["flex"] = "left out (--no-flex)"
+            continue
         if SMOKE and seq != PREFILL_SEQS[0]:
             continue  # the interpreter's run: the peers' wiring at the shortest length only
         try:
@@ -748,10 +763,9 @@ def phase_first_call():
 def main():
     phase_meta()
     write_json()
-    phase_prefill()
-    phase_decode()
-    phase_v1_v2()
-    phase_first_call()
+    phases = {"prefill": phase_prefill, "decode": phase_decode, "v1_v2": phase_v1_v2, "first_call": phase_first_call}
+    for name in ARGS.phases:
+        phases[name]()
     failed = [c["check"] for c in RES["correctness"] if not c["ok"]]
     log(
         f"correctness: {len(RES['correctness']) - len(failed)}/{len(RES['correctness'])} OK; "
