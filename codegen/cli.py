@@ -168,7 +168,7 @@ def outputs(res: Resolution, command: str) -> list[Output]:
 
 def _unmeasured(res: Resolution, out: TextIO) -> None:
     """One line per config naming the targets no measured policy serves (base, tuned = false)."""
-    for line in explain.unmeasured(res):
+    for line in explain.unmeasured(res) + explain.unserved(res):
         print(line, file=out)
 
 

@@ -180,6 +180,22 @@ def unmeasured(res: Resolution) -> list[str]:
     return lines
 
 
+def unserved(res: Resolution) -> list[str]:
+    """One line per config that requires hardware features: the targets that lack them
+    (``<config>: not served on a10, a100: no <feature>``)."""
+    lines = []
+    for cfg in res.tree.configs:
+        vrs = res.for_config(cfg.name)
+        if not vrs or not vrs[0].unserved:
+            continue
+        by_missing: dict[tuple[str, ...], list[str]] = {}
+        for target, missing in vrs[0].unserved.items():
+            by_missing.setdefault(missing, []).append(target)
+        parts = [f"{', '.join(ts)}: no {', '.join(m)}" for m, ts in by_missing.items()]
+        lines.append(f"{cfg.name}: not served on {'; '.join(parts)}")
+    return lines
+
+
 def as_json(res: Resolution, kernel: str | None = None, hw: str | None = None) -> dict[str, Any]:
     """The resolved tree: every config's records per variant, model and target; only the
     variants ``kernel`` names (a config, variant or alias) and the target ``hw``, when given."""

@@ -562,6 +562,7 @@ def _load_config(
         selector=spec.selector,
         constants=FrozenMap(spec.constants),
         tune=tune,
+        requires=spec.requires,
     )
 
 

@@ -263,6 +263,7 @@ class Config:
     selector: SelectorSpec | None = None  # a seed-style selector function for dispatch.py
     constants: FrozenMap[str, str] = FrozenMap()  # module constant -> dispatch name
     tune: Tune | None = None  # how codegen tune measures it; None: not tunable
+    requires: tuple[str, ...] = ()  # hardware features a target must have to be served
 
     @property
     def bucketed(self) -> bool:
@@ -361,6 +362,8 @@ class VariantResolution:
     resolved: FrozenMap[str, Resolved]  # target name -> resolution, in target order
     instantiations: tuple[Instantiation, ...]  # sorted by (vendor, arch, suffix)
     target_instantiation: FrozenMap[str, str]  # target name -> instantiation suffix
+    # target name -> the required features it lacks (``Config.requires``): not resolved, not served
+    unserved: FrozenMap[str, tuple[str, ...]] = FrozenMap()
 
 
 @dataclass(frozen=True)
