@@ -14,7 +14,7 @@ from typing import Any
 from . import rules
 from .errors import bounded, suggest
 from .records import Config, ExprValue, LiteralValue, PickValue, Policy, Resolution, VariantResolution
-from .resolve import Scope, chain, hw_namespace, model_scope
+from .resolve import Scope, chain, hw_namespace, missing_features, model_scope
 
 
 def _chain(cfg: Config, policy: Policy) -> list[Policy]:
@@ -82,6 +82,9 @@ def explain(res: Resolution, name: str, field: str, hw_name: str, model: str | N
         vr for vr in matches if vr.model == model
     )
     hw = hardware[hw_name]
+    missing = missing_features(cfg, hw)
+    if missing:
+        raise ValueError(f"{cfg.name} requires {', '.join(missing)}, which {hw_name} ({hw.source.path}) lacks: not served")
     policy = chain(cfg, hw)
     assert policy is not None  # resolve succeeded for every target
     lines = [

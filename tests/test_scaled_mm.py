@@ -371,3 +371,12 @@ def test_tune_runs_in_the_interpreter_and_the_result_builds(project):
 def test_tune_refuses_a_target_not_served():
     r = run_cli("tune", "scaled_mm", "--hw", "a100", "--dry-run", "--quiet")
     assert r.code == 2 and "scaled_mm requires fp8_e4m3fn, which a100" in r.err, r
+
+
+def test_show_and_explain_name_a_target_not_served():
+    shown = run_cli("show", "scaled_mm", "--hw", "a100")
+    assert shown.code == 0 and "not served (requires fp8_e4m3fn): a100 (no fp8_e4m3fn)" in shown.out, shown
+    explained = run_cli("explain", "scaled_mm", "block_m", "--hw", "a100")
+    assert explained.code == 2 and "scaled_mm requires fp8_e4m3fn, which a100" in explained.err, explained
+    served = run_cli("explain", "scaled_mm", "block_n", "--hw", "h200")
+    assert served.code == 0 and "served by nvidia>=90" in served.out, served
