@@ -159,13 +159,11 @@ def test_row_major_b_strided_a_and_out():
 
 def test_k_zero_and_empty():
     target = next(iter(KERNELS.values()))[0]
-    a, b = torch.zeros(4, 0, dtype=FP8), torch.zeros(0, 8, dtype=FP8)
-    one = torch.tensor(1.0)
+    a, b = torch.zeros(4, 0, dtype=FP8, device=DEVICE), torch.zeros(0, 8, dtype=FP8, device=DEVICE)
+    one = torch.tensor(1.0, device=DEVICE)
     assert smm.scaled_mm(a, b, one, one, out_dtype=torch.float32, hw=target).eq(0).all()
-    assert smm.scaled_mm(torch.zeros(0, 16, dtype=FP8), torch.zeros(16, 8, dtype=FP8), one, one, hw=target).shape == (
-        0,
-        8,
-    )
+    a, b = torch.zeros(0, 16, dtype=FP8, device=DEVICE), torch.zeros(16, 8, dtype=FP8, device=DEVICE)
+    assert smm.scaled_mm(a, b, one, one, hw=target).shape == (0, 8)
 
 
 # ----------------------------------------------------------------------------------------------
