@@ -22,7 +22,7 @@ the kernel as the GPU does; only the native FP8 tensor-core instructions and the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 import torch
 import triton
@@ -38,7 +38,6 @@ INPUT_DTYPES = (torch.float8_e4m3fn,)
 OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Scalings (the kernel's SCALING constexpr).
 OUTER, BLOCK = 0, 1
-SCALING_NAMES = {OUTER: "outer", BLOCK: "block"}
 
 # ---------------------------------------------------------------------------------------
 # Kernel body: generated/scaled_mm.py's specialized kernels call it with their constants.
@@ -174,9 +173,7 @@ class Scales:
     strides: tuple[int, int, int, int]
 
 
-def _scale_kinds(
-    name: str, s: torch.Tensor, per: tuple[int, int], block: tuple[int, int]
-) -> dict[str, tuple[int, int]]:
+def _scale_kinds(s: torch.Tensor, per: tuple[int, int], block: tuple[int, int]) -> dict[str, tuple[int, int]]:
     # The readings of one scale's shape: "tensor" (one value), "vector" (per row of A / per
     # column of B: shape ``per``) and "block" (shape ``block``), each with its two strides
     # (along the scale's first and second dimension as the kernel indexes them).
@@ -205,8 +202,8 @@ def check_scales(op: str, a: torch.Tensor, b: torch.Tensor, scale_a: Any, scale_
         if s.requires_grad and torch.is_grad_enabled():
             raise ValueError(f"{op}: {name} requires grad, and the kernels have no backward")
     kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
-    ka = _scale_kinds("scale_a", scale_a, (M, 1), (M, kb))
-    kb_ = _scale_kinds("scale_b", scale_b, (1, N), (kb, nb))
+    ka = _scale_kinds(scale_a, (M, 1), (M, kb))
+    kb_ = _scale_kinds(scale_b, (1, N), (kb, nb))
     for name, s, kinds, shapes in (
         (
             "scale_a",
