@@ -261,6 +261,9 @@ def _show(res: Resolution, kernel: str | None, hw: str | None, out: TextIO, err:
             "instantiations (targets with equal records share one; the group's lowest arch in brackets):",
         ]
         lines += [f"  {i.suffix} [{i.vendor} {i.arch}]: {', '.join(i.targets)}" for i in insts]
+        lacking = [f"{t} (no {', '.join(m)})" for t, m in vr.unserved.items() if hw is None or t == hw]
+        if lacking:
+            lines.append(f"not served (requires {', '.join(cfg.requires)}): {', '.join(lacking)}")
         lines.append("")
         if cfg.bucketed:
             for inst in insts:

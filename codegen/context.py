@@ -35,7 +35,8 @@ A config: ``name``, ``record`` (class name), ``doc``, ``source`` (the file of it
 A variant: ``name``, ``params`` (dict), ``params_text`` (``"dtype_bytes=2"``), ``names`` (the
 variant and its aliases), ``n_targets``, ``instantiations`` (list, below, every model's),
 ``by_model`` (``[{"model", "instantiations", "table"}]``, model None for a config that reads no
-model) and, for a config that reads no model, ``table`` (``[(target, symbol)]`` by target name).
+model) and, for a config that reads no model, ``table`` (``[(target, symbol)]`` by target name);
+``unserved`` (``[(target, "fp8_e4m3fn")]``): the targets lacking a feature the config ``requires``.
 A config's ``models`` lists the models it is resolved for (``[]``: none).
 
 An instantiation (targets of one vendor whose resolved values are equal): ``symbol``
@@ -224,6 +225,8 @@ def config_data(resolution: Resolution, name: str) -> dict[str, Any]:
                 "params_text": ", ".join(f"{k}={v!r}" for k, v in sorted(vr.params.items())),
                 "names": [vr.variant] + sorted(a for a, v in cfg.aliases.items() if v == vr.variant),
                 "n_targets": len(vr.resolved),
+                # Targets not served (they lack a feature the config requires): [(target, features)].
+                "unserved": [(t, ", ".join(m)) for t, m in sorted(vr.unserved.items())],
                 "instantiations": [],
                 "by_model": [],
             },

@@ -14,7 +14,7 @@ from typing import Any
 from . import rules
 from .errors import bounded, suggest
 from .records import Config, ExprValue, LiteralValue, PickValue, Policy, Resolution, VariantResolution
-from .resolve import Scope, chain, hw_namespace, model_scope
+from .resolve import Scope, chain, hw_namespace, missing_features, model_scope
 
 
 def _chain(cfg: Config, policy: Policy) -> list[Policy]:
@@ -82,6 +82,9 @@ def explain(res: Resolution, name: str, field: str, hw_name: str, model: str | N
         vr for vr in matches if vr.model == model
     )
     hw = hardware[hw_name]
+    missing = missing_features(cfg, hw)
+    if missing:
+        raise ValueError(f"{cfg.name} requires {', '.join(missing)}, which {hw_name} ({hw.source.path}) lacks: not served")
     policy = chain(cfg, hw)
     assert policy is not None  # resolve succeeded for every target
     lines = [
@@ -181,13 +184,25 @@ def unmeasured(res: Resolution) -> list[str]:
 
 
 def unserved(res: Resolution) -> list[str]:
-    """One line per config and model it does not serve for want of fields its rules read:
-    ``moe: not served for llama31_8b: no num_experts, top_k``."""
-    return [
+    """One line per config and model it does not serve for want of fields its rules read
+    (``moe: not served for llama31_8b: no num_experts, top_k``), and one per config that requires
+    hardware features, naming the targets that lack them (``<config>: not served on a10, a100:
+    no <feature>``)."""
+    lines = [
         f"{cfg.name}: not served for {model}: no {', '.join(fields)}"
         for cfg in res.tree.configs
         for model, fields in cfg.unserved
     ]
+    for cfg in res.tree.configs:
+        vrs = res.for_config(cfg.name)
+        if not vrs or not vrs[0].unserved:
+            continue
+        by_missing: dict[tuple[str, ...], list[str]] = {}
+        for target, missing in vrs[0].unserved.items():
+            by_missing.setdefault(missing, []).append(target)
+        parts = [f"{', '.join(ts)}: no {', '.join(m)}" for m, ts in by_missing.items()]
+        lines.append(f"{cfg.name}: not served on {'; '.join(parts)}")
+    return lines
 
 
 def as_json(res: Resolution, kernel: str | None = None, hw: str | None = None) -> dict[str, Any]:

@@ -584,6 +584,7 @@ def _load_config(
         constants=FrozenMap(spec.constants),
         tune=tune,
         unserved=unserved,
+        requires=spec.requires,
     )
 
 

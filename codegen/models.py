@@ -164,6 +164,20 @@ class Features(Spec):
     clusters: StrictBool = Field(
         description="Thread block clusters usable from Triton (broken on sm_121, Triton #8335)."
     )
+    # FP8 formats the part's tensor cores compute in (configs ``requires`` them).  False unless the
+    # spec says so: a spec that predates them claims no FP8.
+    fp8_e4m3fn: StrictBool = Field(
+        default=False, description="FP8 e4m3fn (OCP E4M3) tensor-core inputs (torch.float8_e4m3fn)."
+    )
+    fp8_e5m2: StrictBool = Field(
+        default=False, description="FP8 e5m2 (OCP E5M2) tensor-core inputs (torch.float8_e5m2)."
+    )
+    fp8_e4m3fnuz: StrictBool = Field(
+        default=False, description="FP8 e4m3fnuz (exponent bias 8, no negative zero) tensor-core inputs (torch.float8_e4m3fnuz)."
+    )
+    fp8_e5m2fnuz: StrictBool = Field(
+        default=False, description="FP8 e5m2fnuz (exponent bias 16, no negative zero) tensor-core inputs (torch.float8_e5m2fnuz)."
+    )
 
 
 def _doc(text: str) -> Any:
@@ -624,6 +638,10 @@ class ConfigSpec(Spec):
     variants: dict[Ident, dict[Ident, Scalar]] | None = None
     # Extra dispatch names for existing variants (e.g. attention -> attention_fp16).
     aliases: dict[Ident, Ident] = {}
+    # Hardware features (``Features`` flags, e.g. ``fp8_e4m3fn``) every target must have: a
+    # target without one gets no instantiation, the build names it, and the generated entry
+    # point raises ValueError naming the target and the feature.
+    requires: tuple[Ident, ...] = ()
     fields: dict[FieldName, FieldSpec] = Field(min_length=1)
     # Named intermediate values (rules) the checks and messages may use; not emitted.
     derived: dict[Ident, StrictStr] = {}
@@ -644,6 +662,15 @@ class ConfigSpec(Spec):
     def _variants_nonempty(cls, v: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
         if v is not None and not v:
             raise ValueError("variants, when given, must name at least one variant")
+        return v
+
+    @field_validator("requires")
+    @classmethod
+    def _requires_features(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        known = list(Features.model_fields)
+        for name in v:
+            if name not in known:
+                raise ValueError(f"requires names {name!r}, not a hardware feature ({', '.join(known)})")
         return v
 
     @model_validator(mode="after")

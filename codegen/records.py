@@ -266,6 +266,7 @@ class Config:
     # Models it does not serve, without a ``models`` list, for want of fields its rules read:
     # (model, missing fields); the build's summary names them.
     unserved: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    requires: tuple[str, ...] = ()  # hardware features a target must have to be served
 
     @property
     def bucketed(self) -> bool:
@@ -364,6 +365,8 @@ class VariantResolution:
     resolved: FrozenMap[str, Resolved]  # target name -> resolution, in target order
     instantiations: tuple[Instantiation, ...]  # sorted by (vendor, arch, suffix)
     target_instantiation: FrozenMap[str, str]  # target name -> instantiation suffix
+    # target name -> the required features it lacks (``Config.requires``): not resolved, not served
+    unserved: FrozenMap[str, tuple[str, ...]] = FrozenMap()
 
 
 @dataclass(frozen=True)

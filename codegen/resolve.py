@@ -72,17 +72,28 @@ def resolve(tree: SpecTree) -> Resolution:
                 params = cfg.variants[variant]
                 problems: list = []  # SpecProblems and _CheckFailures
                 resolved: dict[str, Resolved] = {}
+                unserved: dict[str, tuple[str, ...]] = {}
                 scope = model_scope(tree, model)
                 for hw in tree.hardware:
+                    missing = missing_features(cfg, hw)
+                    if missing:
+                        unserved[hw.name] = missing
+                        continue
                     r = _resolve_one(cfg, params, hw, hw_ns[hw.name], scope, problems)
                     if r is not None:
                         resolved[hw.name] = r
                 found += [(p, cfg, variant) for p in _merge_targets(cfg, problems)]
                 if not problems:
-                    out.append(_collapse(cfg, variant, model, params, resolved, tree))
+                    vr = _collapse(cfg, variant, model, params, resolved, tree)
+                    out.append(replace(vr, unserved=FrozenMap(unserved)))
     if found:
         raise SpecErrors(_merge_variants(found))
     return Resolution(tree=tree, variants=tuple(out))
+
+
+def missing_features(cfg: Config, hw: Hardware) -> tuple[str, ...]:
+    """The hardware features ``cfg`` requires that ``hw`` lacks: such a target is not served."""
+    return tuple(f for f in cfg.requires if not getattr(hw.spec.features, f))
 
 
 @dataclass(frozen=True)

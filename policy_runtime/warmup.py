@@ -47,6 +47,12 @@ multiples of 16 elements keep it), in the dtypes asked:
   its class too where N or K is 1).  So odd shapes (300x12345x777, 7x5000x3000) compile nothing
   (tests/test_warmup_classes.py on the CPU, tests/test_warmup_gpu.py on a GPU).  Transposed A,
   other strided views and operands at addresses that are not 16-byte aligned compile on first use.
+- scaled_mm (targets with e4m3fn tensor cores; others are named in the notes): every bucket of
+  ``scaled_mm_e4m3`` with A row-major and B either the transpose of a row-major (N, K) weight or
+  row-major, output in each dtype asked, and each scaling: one scale per tensor, scale_a (M, 1) and
+  scale_b (1, N) contiguous, block scales (M, K/128) and (K/128, N/128) contiguous; N and K
+  multiples of 128.  Other scale strides, K not a multiple of block_k and a transposed A compile on
+  first use.
 - transform: rms_norm (with and without residual; weight of x's dtype) over hidden_size,
   silu_and_mul, gelu_tanh_and_mul, swigluoai_and_mul and mul_and_silu over intermediate_size,
   rotary_embedding (packed heads; int64 positions, cos_sin_cache of the
@@ -120,6 +126,7 @@ __all__ = [
     "warmup",
     "main",
     "MatmulDriver",
+    "ScaledMmDriver",
     "TransformDriver",
     "CacheDriver",
     "AttentionDriver",
@@ -368,6 +375,58 @@ class MatmulDriver:
         a = _empty((M, K), dt, device)
         b = _empty((K, N), dt, device) if layout == "b row-major" else _empty((N, K), dt, device).t()
         self.mm.run(a, b, None, target, force_triton=True)
+
+
+class ScaledMmDriver:
+    """generated/scaled_mm.py's calls: ``ScaledMm.run`` for every bucket of a served target, each
+    output dtype asked, each scaling (per tensor, per row/column, 128-blocks) and B layout."""
+
+    # Scale kinds as the kernels specialize them: per tensor (strides 0), rowwise (unit strides),
+    # block (a row stride of K/128, multiples of 16 here).
+    SCALINGS = ("tensor", "rowwise", "block")
+    LAYOUTS = ("b = w.t()", "b row-major")
+
+    class _Grid(MatmulDriver):
+        # N and K multiples of 128 (block scales need them) from 256, where no block scale has
+        # the shape of a per-tensor or per-row one; M anything.
+        DIMS = [256 * 2**j for j in range(7)]
+
+    def __init__(self, module: str, smm: Any) -> None:
+        self.module, self.smm = module, smm
+        self._shapes: dict[tuple, dict[int, tuple]] = {}
+
+    def calls(self, opts: Options) -> tuple[list[Call], list[str]]:
+        calls: list[Call] = []
+        if opts.target in self.smm.unserved:
+            return calls, [f"scaled_mm: not served on {opts.target}: no {self.smm.unserved[opts.target]}"]
+        notes: list[str] = []
+        for variant, policies in self.smm.policies.items():
+            buckets, select = policies[opts.target]
+            memo = (variant, opts.target, opts.pick)
+            if memo not in self._shapes:
+                self._shapes[memo] = self._Grid.shapes(buckets, select, opts.pick)
+            shapes = self._shapes[memo]
+            for i, b in enumerate(buckets):
+                if i not in shapes:
+                    notes.append(f"scaled_mm {variant} {opts.target} {b.name}: no (M, N, K) on the search grid reaches it")
+                    continue
+                M, N, K = shapes[i]
+                for dtype in opts.dtypes:
+                    for scaling in self.SCALINGS:
+                        for layout in self.LAYOUTS:
+                            covers = ("scaled_mm", variant, b.name, dtype, scaling, layout)
+                            args = (opts.target, dtype, M, N, K, scaling, layout)
+                            calls.append(Call(self.module, "scaled_mm", args, covers, 3))
+        return calls, notes
+
+    def run(self, call: Call, device: torch.device) -> None:
+        target, dtype, M, N, K, scaling, layout = call.args
+        fp8 = torch.float8_e4m3fn
+        a = _empty((M, K), fp8, device)
+        b = _empty((K, N), fp8, device) if layout == "b row-major" else _empty((N, K), fp8, device).t()
+        shapes = {"tensor": ((), ()), "rowwise": ((M, 1), (1, N)), "block": ((M, K // 128), (K // 128, N // 128))}
+        sa, sb = (_empty(s, torch.float32, device) for s in shapes[scaling])
+        self.smm.run(a, b, sa, sb, _dtype(dtype), None, target)
 
 
 class TransformDriver:

@@ -197,3 +197,17 @@ def test_round_order_puts_every_method_in_every_place():
             for p, name in enumerate(order):
                 places[name, p] += 1
         assert set(places.values()) == {2}, places
+
+
+def test_scaled_mm_bench_smoke(tmp_path):
+    out = run_bench("scaled_mm.py", tmp_path).stdout
+    for shape in ("(40, 256, 256)", "(1, 128, 384)"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {shape} |"))
+        assert float(row.rsplit("max err", 1)[1].strip(" |")) < 1e-2, row
+    assert "geomean vs torch._scaled_mm (all shapes): tensor" in out and "ERROR" not in out
+    result = json.loads((tmp_path / "scaled_mm.json").read_text())
+    assert result["errors"] == [] and len(result["rows"]) == 2
+    for row in result["rows"]:
+        assert set(row["ms"]) == {
+            "ours tensor", "_scaled_mm tensor", "ours rowwise", "_scaled_mm rowwise", "ours block", "bf16 matmul"
+        }

@@ -25,7 +25,7 @@ def test_attention_differs_per_model_where_the_smem_rule_says_so():
 
 
 def test_a_config_for_some_models_refuses_the_others():
-    with pytest.raises(KeyError, match="'moe' is not resolved for model 'llama31_8b'; it serves \\['qwen36'\\]"):
+    with pytest.raises(KeyError, match="'moe' is not resolved for model 'llama31_8b'; it serves \\['deepseek_v3', 'gpt_oss_20b', 'qwen36'\\]"):
         dispatch.dispatch_kernel_config("moe", "h200", model="llama31_8b")
     with pytest.raises(KeyError, match="Unknown model: 'gpt2'"):
         dispatch.dispatch_kernel_config("cache", "h200", model="gpt2")

@@ -12,7 +12,7 @@ from conftest import run_cli, snapshot
         (
             'sm_count = "WP DEV"',
             'sm_count = "WP WIKI"',
-            "cite.sm_count: names no source of [sources] (CCG, DS, WP, DEV, CCCL)",
+            "cite.sm_count: names no source of [sources] (CCG, DS, WP, DEV, CCCL, PTX)",
         ),
         ('sm_count = "WP DEV"', 'sm_count = "measured:"', "cite.sm_count: 'measured:' needs a reason after it"),
         (

@@ -41,7 +41,7 @@ from ..records import (
     Value,
 )
 from ..models import TuneBackendSpec, TuneSpaceSpec
-from ..resolve import chain, resolve_target
+from ..resolve import chain, missing_features, resolve_target
 
 INCUMBENT = "incumbent"
 
@@ -241,6 +241,9 @@ def plan(
     hw = next((h for h in tree.hardware if h.name == target), None)
     if hw is None:
         raise PlanError(f"no hardware spec {target!r} (known: {', '.join(h.name for h in tree.hardware)})")
+    missing = missing_features(cfg, hw)
+    if missing:
+        raise PlanError(f"{config} requires {', '.join(missing)}, which {target} ({hw.source.path}) lacks: not served there")
     tune: Tune = cfg.tune
     if cfg.models and model is None:
         model = tree.project.default_model if tree.project.default_model in cfg.models else cfg.models[0]

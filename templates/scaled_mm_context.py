@@ -1,0 +1,87 @@
+"""Context of templates/scaled_mm.py.j2 (the scaled_mm family's context file, run by the compiler).
+
+From the generic context (codegen/context.py) of the bucketed ``scaled_mm`` config: one Triton
+kernel per distinct tile config (named after its constants, so a name never moves when a target or
+bucket is added elsewhere), each served target's buckets in order with the kernel that serves them,
+and the targets not served (they lack a hardware feature the config requires).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from codegen.context import keyword_arguments, literal
+from policy_runtime.scaled_mm_constexprs import body_constants
+
+# Record fields that become the kernel's constants and launch options.
+KERNEL_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
+
+
+def kernel_name(tag: str, c: dict[str, Any]) -> str:
+    """``_smm_e4m3_128x256x128_g8_w8_s4``: the kernel's constants, spelt out."""
+    return (
+        f"_smm_{tag}_{c['block_m']}x{c['block_n']}x{c['block_k']}_g{c['group_m']}"
+        f"_w{c['num_warps']}_s{c['num_stages']}"
+    )
+
+
+def context(ctx: dict[str, Any]) -> dict[str, Any]:
+    kernels: dict[str, dict[str, Any]] = {}
+    policies = []
+    tables = []
+    unserved: dict[str, str] = {}
+    for variant in ctx["configs"]["scaled_mm"]["variants"].values():
+        tag = variant["name"].removeprefix("scaled_mm_")
+        selectors = {}
+        for inst in variant["instantiations"]:
+            pname = f"{tag}_{inst['suffix']}"
+            buckets = []
+            for b in inst["buckets"]:
+                consts = {f: b["record"][f] for f in KERNEL_FIELDS}
+                kname = kernel_name(tag, consts)
+                entry = kernels.setdefault(
+                    kname,
+                    {
+                        "name": kname,
+                        "summary": (
+                            f"{consts['block_m']}x{consts['block_n']}x{consts['block_k']} FP8 tiles, "
+                            f"{consts['num_warps']} warps, {consts['num_stages']} stages"
+                        ),
+                        "body": body_constants(consts)[0],
+                        "constants": keyword_arguments(body_constants(consts)[1]),
+                        "literal": {f: literal(v) for f, v in {**consts, "name": kname}.items()},
+                        "users": [],
+                    },
+                )
+                entry["users"].append(f"{pname} {b['name']}")
+                bounds = b["conditions"]
+                buckets.append(
+                    {
+                        "index": b["index"],
+                        "name": b["name"],
+                        "kernel": kname,
+                        "condition": " and ".join(bounds),
+                        "bounds": ", ".join(bounds) or "any shape",
+                        "note": b["note"],
+                    }
+                )
+            policies.append(
+                {
+                    "name": pname,
+                    "variant": variant["name"],
+                    "origin": inst["origin"],
+                    "targets": inst["targets"],
+                    "buckets": buckets,
+                }
+            )
+            selectors[inst["symbol"]] = pname
+        tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
+        for target, missing in variant["unserved"]:
+            unserved[target] = missing
+    return {
+        "kernels": [kernels[k] for k in sorted(kernels)],
+        "bodies": sorted({k["body"] for k in kernels.values()}),
+        "policies": policies,
+        "tables": tables,
+        "unserved": sorted(unserved.items()),
+    }
