@@ -391,6 +391,14 @@ class ScaledMmDriver:
         # the shape of a per-tensor or per-row one; M anything.
         DIMS = [256 * 2**j for j in range(7)]
 
+        # One shape a bucket, N and K on the grid (multiples of 128: block scales need them), as
+        # the docstring says: scaled_mm's other argument classes compile on first use.
+        OFFSETS = (0,)
+
+        @classmethod
+        def arg_class(cls, M: int, N: int, K: int, v: Any) -> tuple:
+            return ()
+
     def __init__(self, module: str, smm: Any) -> None:
         self.module, self.smm = module, smm
         self._shapes: dict[tuple, dict[int, tuple]] = {}
@@ -407,10 +415,10 @@ class ScaledMmDriver:
                 self._shapes[memo] = self._Grid.shapes(buckets, select, opts.pick)
             shapes = self._shapes[memo]
             for i, b in enumerate(buckets):
-                if i not in shapes:
+                if (i, ()) not in shapes:
                     notes.append(f"scaled_mm {variant} {opts.target} {b.name}: no (M, N, K) on the search grid reaches it")
                     continue
-                M, N, K = shapes[i]
+                M, N, K = shapes[i, ()]
                 for dtype in opts.dtypes:
                     for scaling in self.SCALINGS:
                         for layout in self.LAYOUTS:

@@ -21,6 +21,8 @@ Accuracy, two ways, for every kernel and scaling:
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -35,6 +37,22 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 # Relative to the result's largest magnitude: fp32 accumulation, then the output's rounding.
 TIGHT = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# On a GPU the FP8 tensor cores accumulate a tile's products in fewer bits than fp32 (Hopper: about
+# 14, DeepSeek-V3 report 3.3.2); block scaling adds each 128-deep step into fp32, the others sum all
+# of K in the MMA: measured 4.2e-4 to 5.7e-4 against float64 at fp32 output on the H200.
+GPU_ACCUMULATION = 1e-3
+
+
+def tight(dtype: torch.dtype, scaling: str) -> float:
+    if GPU and scaling != "block":
+        return max(TIGHT[dtype], GPU_ACCUMULATION)
+    return TIGHT[dtype]
+
+
+# The build, tune and show tests run the compiler (not installed where only the kernels run).
+compiler = pytest.mark.skipif(
+    importlib.util.find_spec("pydantic") is None, reason="the compiler's dependencies are not installed"
+)
 QUANT_BOUND = 0.045
 OUT_DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if GPU else [])
 SCALINGS = ("tensor", "rowwise", "block", "mixed")
@@ -127,7 +145,7 @@ def test_every_kernel_matches_fp64_on_dequantized_inputs(kernel, scaling):
     dtype = OUT_DTYPES[SCALINGS.index(scaling) % len(OUT_DTYPES)]  # each output dtype on every kernel
     c = smm.scaled_mm(a, b, sa, sb, out_dtype=dtype, hw=target)
     assert c.dtype == dtype and c.shape == (M, N)
-    assert rel(c, ref_q) < TIGHT[dtype], (kernel, scaling, rel(c, ref_q))
+    assert rel(c, ref_q) < tight(dtype, scaling), (kernel, scaling, rel(c, ref_q))
     assert frob(c, ref_x) < QUANT_BOUND, (kernel, scaling, frob(c, ref_x))
 
 
@@ -153,7 +171,7 @@ def test_row_major_b_strided_a_and_out():
     out = torch.full((M, 2 * 128), float("nan"), dtype=torch.float32, device=DEVICE)
     res = smm.scaled_mm(wide[:, ::2], b, sa, sb, out_dtype=torch.float32, out=out[:, ::2], hw=target)
     assert res.data_ptr() == out.data_ptr()
-    assert rel(out[:, ::2], ref_q) < TIGHT[torch.float32]
+    assert rel(out[:, ::2], ref_q) < tight(torch.float32, "rowwise")
     assert torch.isnan(out[:, 1::2]).all()  # untouched
 
 
@@ -234,12 +252,14 @@ def test_targets_without_e4m3fn_are_not_served():
             smm.buckets(hw=target)
 
 
+@compiler
 def test_build_summary_names_the_targets_not_served(project):
     result = run_cli("--root", str(project), "build")
     assert result.code == 0, result
     assert "scaled_mm: not served on mi300x, bi_v100, a100, a10: no fp8_e4m3fn" in result.out
 
 
+@compiler
 def test_requires_is_generic(project):
     # Any feature flag: requiring TMA as well leaves the sm_89 and sm_12x parts unserved too, and
     # the generated table says which feature each lacks.
@@ -252,6 +272,7 @@ def test_requires_is_generic(project):
     assert '"l40s": "tma"' in text and '"a100": "fp8_e4m3fn, tma"' in text
 
 
+@compiler
 def test_requires_names_a_feature(project):
     path = project / "specs/kernels/scaled_mm.toml"
     path.write_text(path.read_text().replace('requires = ["fp8_e4m3fn"]', 'requires = ["fp8_e4m3"]'))
@@ -355,6 +376,7 @@ def test_the_tune_harness_runs_records_correctly(scaling):
         assert problem.error(library()) < TIGHT[torch.float16]
 
 
+@compiler
 def test_tune_runs_in_the_interpreter_and_the_result_builds(project):
     r = run_cli(
         "--root", str(project), "tune", "scaled_mm", "--hw", "h200", "--shapes", "40x256x256", "--dtype", "float16",
@@ -366,11 +388,13 @@ def test_tune_runs_in_the_interpreter_and_the_result_builds(project):
     assert run_cli("--root", str(project), "check").code == 0
 
 
+@compiler
 def test_tune_refuses_a_target_not_served():
     r = run_cli("tune", "scaled_mm", "--hw", "a100", "--dry-run", "--quiet")
     assert r.code == 2 and "scaled_mm requires fp8_e4m3fn, which a100" in r.err, r
 
 
+@compiler
 def test_show_and_explain_name_a_target_not_served():
     shown = run_cli("show", "scaled_mm", "--hw", "a100")
     assert shown.code == 0 and "not served (requires fp8_e4m3fn): a100 (no fp8_e4m3fn)" in shown.out, shown
