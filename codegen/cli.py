@@ -17,7 +17,7 @@ from typing import Sequence, TextIO
 from dataclasses import dataclass
 from typing import Callable
 
-from . import explain, pipeline, render, schema, write
+from . import pipeline, render, schema, write
 from .tune import args as tune_args
 from .errors import SpecErrors
 from .records import Resolution
@@ -98,6 +98,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
 
             return tune.run(args, root, list(argv if argv is not None else sys.argv[1:]), out, err)
         res = pipeline.run(root, until="tree_to_resolution")
+        from . import explain  # show, explain and build's last lines
+
         if args.command == "show":
             if args.json:
                 json.dump(explain.as_json(res), out, indent=2, sort_keys=True)
@@ -159,6 +161,8 @@ def outputs(res: Resolution, command: str) -> list[Output]:
 
 def _unmeasured(res: Resolution, out: TextIO) -> None:
     """One line per config naming the targets no measured policy serves (base, tuned = false)."""
+    from . import explain
+
     for line in explain.unmeasured(res):
         print(line, file=out)
 

@@ -166,3 +166,12 @@ def test_hardware_figures_have_physical_ranges(tmp_path, field, value, fragment)
     root = _tree(tmp_path, **{field: value})
     result = run_cli("--root", str(root), "build")
     assert result.code == 2 and fragment in result.err, result
+
+
+def test_printable_text_has_no_character_that_docs_reject_or_comments_escape():
+    """text_problem and comment_text skip their per-character checks for printable text: no
+    printable code point is a line break or a control character."""
+    from codegen.models import is_control, is_line_break
+
+    chars = (chr(i) for i in range(sys.maxunicode + 1))
+    assert [c for c in chars if c.isprintable() and (is_line_break(c) or is_control(c))] == []
