@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from . import explain, pipeline, write
+from . import pipeline, write
 from .tune import args as tune_args
 from .errors import SpecErrors, bounded
 from .exitcodes import EXIT_INTERNAL, EXIT_INVALID, EXIT_IO, EXIT_OK, EXIT_STALE
@@ -96,6 +96,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
 
             return tune.run(args, root, list(argv if argv is not None else sys.argv[1:]), out, err)
         res = pipeline.run(root, until="tree_to_resolution")
+        from . import explain  # show, explain and build's last lines
+
         if args.command == "show":
             try:  # every name an option gives exists, whichever form of show reads it
                 explain.check_names(res, kernel=args.kernel, hw=args.hw)
@@ -176,6 +178,8 @@ def run() -> int:
 
 def _unmeasured(res: Resolution, out: TextIO) -> None:
     """One line per config naming the targets no measured policy serves (base, tuned = false)."""
+    from . import explain
+
     for line in explain.unmeasured(res) + explain.unserved(res):
         print(line, file=out)
 

@@ -66,6 +66,8 @@ def comment_text(text: str) -> str:
     """``text`` safe to print after ``#``: line breaks and control characters other than tab are
     shown as escapes, everything else as it is.  load.py admits no such characters
     (models.text_problem); this is the second line of defence."""
+    if text.isprintable():  # no line break or control character (both are unprintable)
+        return text
     return "".join(repr(ch)[1:-1] if is_line_break(ch) or is_control(ch) else ch for ch in text)
 
 

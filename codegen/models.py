@@ -81,6 +81,8 @@ def text_problem(text: str) -> str | None:
     (any characters but line breaks and control characters; a tab is allowed): generated code
     carries them as one-line comments and docstrings (render.py escapes backslashes and
     triple quotes there), and a spec reads the same whether or not a note is printed."""
+    if text.isprintable():  # the common case: no line break or control character (both unprintable)
+        return None
     if any(is_line_break(ch) for ch in text):
         return "must be one line (it has a line break)"
     bad = next((ch for ch in text if is_control(ch)), None)

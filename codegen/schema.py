@@ -8,14 +8,33 @@ fields: their declared types, choices and docs.  Written to ``<root>/schemas/`` 
 first line (``#:schema ../../schemas/hardware.schema.json``).
 
 Output is deterministic: dictionaries are emitted with sorted keys.
+
+Rendering them (Pydantic's schema generation and 0.9 MB of indented JSON) was a fifth of
+a no-op ``check``, so ``rendered`` is lazy: the schemas are a function of ``inputs_digest`` (the
+versions of Python and Pydantic, codegen's own source, and each config's file, name, fields'
+types, docs and choices, and bucket dimensions: all that ``render`` reads), and a cache entry
+beside the compiled templates (``render.cache_dir``) records, per digest, the SHA-256 of every
+schema file those inputs gave.  A file on disk whose hash is the recorded one is current without
+rendering; without an entry (or with ``CODEGEN_CACHE_DIR=""``) everything is rendered and
+compared byte by byte, and the entry is written for the next run.  The files' bytes do not
+depend on the cache.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import pydantic
+import pydantic_core
 
 from pydantic import BaseModel
 
@@ -34,7 +53,7 @@ from .models import (
     VendorSpec,
 )
 from .records import SpecTree
-from .render import Rendered
+from .render import Rendered, cache_dir
 
 SCHEMA_DIR = "schemas"
 # The marker every schema carries (JSON has no comments): build deletes only schemas with it.
@@ -79,26 +98,47 @@ _RULE = {
         },
     ]
 }
-# Where values were measured (written by codegen tune): ProvenanceSpec's own schema.
-_PROVENANCE: dict[str, Any] = {k: v for k, v in ProvenanceSpec.model_json_schema().items() if k not in ("title",)}
-_POLICY_KEY_SCHEMAS: dict[str, Any] = {
-    "vendor": {"type": "string", "description": "The vendor (specs/vendors/<vendor>.toml) this threshold serves."},
-    "min_arch": {"type": "integer", "minimum": 0, "description": "Serves the vendor's archs from this one up."},
-    "max_arch": {"type": "integer", "minimum": 0, "description": "Does not chain past this arch."},
-    "targets": {
-        "type": "array",
-        "items": {"type": "string"},
-        "minItems": 1,
-        "description": "Only these hardware specs (parts that share an arch but differ).",
-    },
-    "note": {"type": "string", "description": "One line: why these values (printed in generated code)."},
-    "tuned": {"type": "boolean", "description": "false: the values were not measured on the part."},
-    "provenance": _PROVENANCE,
-}
-assert set(_POLICY_KEY_SCHEMAS) | {"bucket", "amend"} == set(POLICY_KEYS)
 
 
-def _value(field: FieldSpec | None) -> dict[str, Any]:
+@functools.lru_cache(maxsize=None)
+def _provenance() -> dict[str, Any]:
+    """Where values were measured (written by codegen tune): ProvenanceSpec's own schema."""
+    return {k: v for k, v in _model_schema(ProvenanceSpec).items() if k not in ("title",)}
+
+
+@functools.lru_cache(maxsize=None)
+def _policy_key_schemas() -> dict[str, Any]:
+    keys: dict[str, Any] = {
+        "vendor": {"type": "string", "description": "The vendor (specs/vendors/<vendor>.toml) this threshold serves."},
+        "min_arch": {"type": "integer", "minimum": 0, "description": "Serves the vendor's archs from this one up."},
+        "max_arch": {"type": "integer", "minimum": 0, "description": "Does not chain past this arch."},
+        "targets": {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "description": "Only these hardware specs (parts that share an arch but differ).",
+        },
+        "note": {"type": "string", "description": "One line: why these values (printed in generated code)."},
+        "tuned": {"type": "boolean", "description": "false: the values were not measured on the part."},
+        "provenance": _provenance(),
+    }
+    assert set(keys) | {"bucket", "amend"} == set(POLICY_KEYS)
+    return keys
+
+
+class FieldInput(NamedTuple):
+    """What a schema says of one field (FieldSpec's type, doc and choices)."""
+
+    type: str
+    doc: str
+    choices: tuple[Any, ...] | None
+
+
+# A config's fields (in record order) and bucket dimensions.
+ConfigInput = tuple[tuple[tuple[str, FieldInput], ...], tuple[str, ...] | None]
+
+
+def _value(field: FieldInput | FieldSpec | None) -> dict[str, Any]:
     """The schema of one field's value in a policy: a literal of its type, or a rule."""
     if field is None:
         return {"anyOf": [_SCALAR, _RULE]}
@@ -113,10 +153,10 @@ def _value(field: FieldSpec | None) -> dict[str, Any]:
     return {"description": f"{field.type}: {field.doc}", "anyOf": [literal, _RULE]}
 
 
-def _policy(fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None, base: bool) -> dict[str, Any]:
-    keys = {} if base else dict(_POLICY_KEY_SCHEMAS)
+def _policy(fields: dict[str, FieldInput] | None, dims: tuple[str, ...] | None, base: bool) -> dict[str, Any]:
+    keys = {} if base else dict(_policy_key_schemas())
     if base:
-        keys = {k: _POLICY_KEY_SCHEMAS[k] for k in ("note", "tuned", "provenance")}
+        keys = {k: _policy_key_schemas()[k] for k in ("note", "tuned", "provenance")}
     props = dict(keys)
     if fields is not None:
         props.update({name: _value(f) for name, f in fields.items()})
@@ -127,12 +167,12 @@ def _policy(fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None, b
         schema["additionalProperties"] = _value(None)
     if dims is None and fields is not None:
         return schema
-    bucket_props: dict[str, Any] = {"name": {"type": "string"}, "note": {"type": "string"}, "provenance": _PROVENANCE}
+    bucket_props: dict[str, Any] = {"name": {"type": "string"}, "note": {"type": "string"}, "provenance": _provenance()}
     bucket: dict[str, Any] = {"type": "object", "properties": bucket_props, "required": ["name"]}
     amend_props: dict[str, Any] = {
         "bucket": {"type": "string", "description": "The bucket of the parent policy this changes."},
         "note": {"type": "string"},
-        "provenance": _PROVENANCE,
+        "provenance": _provenance(),
     }
     amend: dict[str, Any] = {"type": "object", "properties": amend_props, "required": ["bucket"]}
     if fields is not None:
@@ -158,10 +198,18 @@ def _policy(fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None, b
     return schema
 
 
-def _config(fields: dict[str, FieldSpec] | None, dims: tuple[str, ...] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+@functools.lru_cache(maxsize=None)
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """Pydantic's schema of a model, generated once (callers get a copy)."""
+    return model.model_json_schema()
+
+
+def _config(
+    fields: dict[str, FieldInput] | None, dims: tuple[str, ...] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A config table's schema (ConfigSpec's, with its policy and base tables described) and its
     definitions.  A config with ``extends`` takes its fields from its parent."""
-    schema = copy.deepcopy(ConfigSpec.model_json_schema())
+    schema = copy.deepcopy(_model_schema(ConfigSpec))
     defs = schema.pop("$defs", {})
     schema["required"] = [r for r in schema.get("required", []) if r != "fields"]
     schema["if"] = {"not": {"required": ["extends"]}}
@@ -179,7 +227,7 @@ def _document(title: str, body: dict[str, Any], defs: dict[str, Any]) -> dict[st
     return doc
 
 
-def _kernel_file(title: str, configs: dict[str, tuple[dict[str, FieldSpec] | None, tuple[str, ...] | None]]) -> dict:
+def _kernel_file(title: str, configs: dict[str, tuple[dict[str, FieldInput] | None, tuple[str, ...] | None]]) -> dict:
     defs: dict[str, Any] = {}
     props = {}
     for name, (fields, dims) in configs.items():
@@ -194,43 +242,130 @@ def _kernel_file(title: str, configs: dict[str, tuple[dict[str, FieldSpec] | Non
 
 @dataclass(frozen=True)
 class SchemaFile:
-    """One schema file, as write.plan takes it (``GeneratedFile``'s interface, no formatter)."""
+    """One schema file, as write.plan takes it (``GeneratedFile``'s interface, no formatter):
+    its bytes rendered on demand, and their SHA-256 when a cache entry knows it."""
 
     path: str  # relative to schemas/
-    data: bytes
+    sha256: str | None
+    render_all: Callable[[], dict[str, bytes]] = field(compare=False, repr=False)
 
     def content(self) -> bytes:
-        return self.data
+        return self.render_all()[self.path]
 
     def is_current(self, data: bytes) -> bool:
-        return data == self.data
+        if self.sha256 is not None:
+            return hashlib.sha256(data).hexdigest() == self.sha256
+        return data == self.content()
+
+
+def inputs(tree: SpecTree) -> dict[str, dict[str, ConfigInput]]:
+    """Everything of the tree the schemas depend on: kernel file stem -> config -> (fields, dims)."""
+    files: dict[str, dict[str, ConfigInput]] = {}
+    for cfg in tree.configs:
+        own = cfg.source.path  # the file that defines the config (its inherited parts may be elsewhere)
+        stem = own.rsplit("/", 1)[-1].removesuffix(".toml")
+        fields = tuple((name, FieldInput(f.type, f.doc, f.choices)) for name, f in cfg.fields.items())
+        files.setdefault(stem, {})[cfg.name] = (fields, cfg.dims)
+    return {stem: files[stem] for stem in sorted(files)}
+
+
+def paths(tree_inputs: dict[str, dict[str, ConfigInput]]) -> list[str]:
+    """The schema files' paths relative to the root, sorted (what ``render`` returns)."""
+    out = [f"{SCHEMA_DIR}/{name}.schema.json" for name in _MODELS]
+    out.append(f"{SCHEMA_DIR}/kernels.schema.json")
+    out += [f"{SCHEMA_DIR}/kernels/{stem}.schema.json" for stem in tree_inputs]
+    return sorted(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _generator_digest() -> str:
+    """Python's and Pydantic's versions and codegen's own source (the code that renders)."""
+    h = hashlib.sha256(f"{sys.version_info[:3]}\n{pydantic.VERSION}\n{pydantic_core.__version__}\n".encode())
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def inputs_digest(tree_inputs: dict[str, dict[str, ConfigInput]]) -> str:
+    """A hash of everything the schema files' bytes depend on."""
+    return hashlib.sha256(f"{_generator_digest()}\n{tree_inputs!r}".encode()).hexdigest()
+
+
+def _cache_file(digest: str) -> Path | None:
+    folder = cache_dir()
+    return None if folder is None else folder / "schemas" / f"{digest}.json"
+
+
+def _cached_hashes(digest: str) -> dict[str, str] | None:
+    path = _cache_file(digest)
+    try:
+        entry = json.loads(path.read_bytes()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+        return None
+    return entry
+
+
+def _store_hashes(digest: str, files: dict[str, bytes]) -> None:
+    path = _cache_file(digest)
+    if path is None:
+        return
+    entry = json.dumps({p: hashlib.sha256(data).hexdigest() for p, data in files.items()}, sort_keys=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(entry)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written is skipped
 
 
 def rendered(tree: SpecTree) -> Rendered:
-    """The schema files, relative to ``<root>/schemas``."""
+    """The schema files, relative to ``<root>/schemas``; rendered only if a file is not known
+    current from the cache."""
+    tree_inputs = inputs(tree)
+    digest = inputs_digest(tree_inputs)
+    all_paths = paths(tree_inputs)
+    hashes = _cached_hashes(digest)
+    if hashes is not None and sorted(hashes) != all_paths:
+        hashes = None
+
+    @functools.lru_cache(maxsize=None)
+    def render_all() -> dict[str, bytes]:
+        files = render_inputs(tree_inputs)
+        _store_hashes(digest, files)
+        return {path.removeprefix(f"{SCHEMA_DIR}/"): data for path, data in files.items()}
+
     prefix = f"{SCHEMA_DIR}/"
     files = {
-        path.removeprefix(prefix): SchemaFile(path.removeprefix(prefix), data) for path, data in render(tree).items()
+        path.removeprefix(prefix): SchemaFile(
+            path.removeprefix(prefix), hashes[path] if hashes is not None else None, render_all
+        )
+        for path in all_paths
     }
     return Rendered(files=files)
 
 
 def render(tree: SpecTree) -> dict[str, bytes]:
     """Schema path (relative to the root) -> bytes."""
+    return render_inputs(inputs(tree))
+
+
+def render_inputs(tree_inputs: dict[str, dict[str, ConfigInput]]) -> dict[str, bytes]:
+    """Schema path (relative to the root) -> bytes, from ``inputs``."""
     out: dict[str, Any] = {}
     for name, model in _MODELS.items():
-        schema = copy.deepcopy(model.model_json_schema())
+        schema = copy.deepcopy(_model_schema(model))
         defs = schema.pop("$defs", {})
         title = schema.pop("title", name)
         out[f"{SCHEMA_DIR}/{name}.schema.json"] = _document(f"{title} (specs/{name}s)", schema, defs)
     out[f"{SCHEMA_DIR}/kernels.schema.json"] = _kernel_file("A kernel spec file (specs/kernels/*.toml)", {})
-    files: dict[str, dict[str, Any]] = {}
-    for cfg in tree.configs:
-        own = cfg.source.path  # the file that defines the config (its inherited parts may be elsewhere)
-        stem = own.rsplit("/", 1)[-1].removesuffix(".toml")
-        files.setdefault(stem, {})[cfg.name] = (dict(cfg.fields), cfg.dims)
-    for stem, configs in sorted(files.items()):
-        out[f"{SCHEMA_DIR}/kernels/{stem}.schema.json"] = _kernel_file(f"specs/kernels/{stem}.toml", configs)
+    for stem, configs in tree_inputs.items():
+        body = {name: (dict(fields), dims) for name, (fields, dims) in configs.items()}
+        out[f"{SCHEMA_DIR}/kernels/{stem}.schema.json"] = _kernel_file(f"specs/kernels/{stem}.toml", body)
     return {path: (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode() for path, doc in sorted(out.items())}
 
 

@@ -21,7 +21,6 @@ ignores them and ``apply`` removes them.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import re
 import tempfile
@@ -294,5 +293,7 @@ def diff(change: Change, prefix: str) -> str:
     name = f"{prefix}/{change.path}"
     from_name = name if change.old is not None else "/dev/null"
     to_name = name if change.new is not None else "/dev/null"
+    import difflib  # only a stale file needs it
+
     text = "".join(difflib.unified_diff(old, new, fromfile=from_name, tofile=to_name))
     return text if text.endswith("\n") or not text else text + "\n\\ No newline at end of file\n"

@@ -192,6 +192,29 @@ def test_check_on_a_current_tree_needs_no_formatting(project, monkeypatch):
     assert run_cli("--root", str(project), "check").code == 0
 
 
+def test_the_stamp_names_the_black_that_formats():
+    """The stamps are computed without importing black: from its version module and a fixed
+    repr of the mode, which must be black's own."""
+    import black
+
+    from codegen import render
+
+    assert render.black_version() == black.__version__
+    assert repr(render.black_mode()) == render.BLACK_MODE_REPR
+
+
+def test_check_on_a_current_tree_does_not_import_black(project, tmp_path):
+    code = (
+        "import sys; from codegen.cli import main; "
+        f"rc = main(['--root', {str(project)!r}, 'check']); "
+        "print(rc, 'black' in sys.modules)"
+    )
+    env = dict(os.environ, CODEGEN_CACHE_DIR=str(tmp_path / "cache"))
+    for _ in range(2):  # the first run fills the cache of compiled templates and schema hashes
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.stdout.split("\n")[-2] == "0 False", proc.stderr
+
+
 def test_hand_edit_that_keeps_the_stamp_is_still_stale(project):
     path = project / "generated" / "dispatch.py"
     lines = path.read_text().splitlines(keepends=True)

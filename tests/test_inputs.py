@@ -232,3 +232,12 @@ def test_a_vendor_without_name_words_is_detected_as_the_default_or_the_only_hip_
     from codegen import load
 
     assert sorted(load.load(root).vendors) == ["amd", "nvidia"]
+
+
+def test_printable_text_has_no_character_that_docs_reject_or_comments_escape():
+    """text_problem and comment_text skip their per-character checks for printable text: no
+    printable code point is a line break or a control character."""
+    from codegen.models import is_control, is_line_break
+
+    chars = (chr(i) for i in range(sys.maxunicode + 1))
+    assert [c for c in chars if c.isprintable() and (is_line_break(c) or is_control(c))] == []

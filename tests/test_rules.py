@@ -103,3 +103,48 @@ def test_nesting_within_the_limit_parses_evaluates_and_explains():
     expr = rules.parse("+".join(["block"] * 40) + " >= hw.smem")
     assert rules.evaluate(expr, ENV) is False
     assert rules.explain_failure(expr, ENV).endswith(" = 2,560 < hw.smem = 49,152")
+
+
+EVAL_CASES = [
+    "block * model.head_dim * dtype_bytes * 2",
+    "2 if hw.async_copy else 1",
+    "ceil_div(1000, hw.sm_count) - -block + +stages",
+    "min(block, 32) <= 32 < 33 and block > 1000",
+    "not hw.async_copy or stages == 2 or 0",
+    "0 or '' or block",
+    "hw.smem // 1024 % 7 / 2",
+    "'x' if block >= 64 else 'y'",
+    "2 ** 300",  # too large a power
+    "2 ** 200 * 2 ** 200 * 2 ** 200",  # an intermediate past MAX_INT_BITS
+    "block / 0",
+    "hw.nope",
+    "model.nope",
+    "min",
+    "pow2_floor(0)",
+    "'ab' + 'c' * 2",
+]
+
+
+@pytest.mark.parametrize("source", EVAL_CASES)
+def test_evaluate_gives_what_walking_the_tree_gives(source):
+    """evaluate() runs closures made once per rule: the same value, or the same error, as the
+    tree walker (_eval) that explanations use, on the first and a later evaluation."""
+    expr = rules.parse(source)
+
+    def outcome(fn):
+        try:
+            return ("value", fn())
+        except Exception as exc:  # noqa: BLE001 - the exception is the outcome compared
+            return (type(exc).__name__, str(exc))
+
+    def walked():
+        try:
+            return rules._eval(expr.tree.body, ENV)
+        except rules.RuleError:
+            raise
+        except (ArithmeticError, TypeError, ValueError) as exc:
+            raise rules.RuleError(f"evaluating '{expr.source}' failed: {exc}") from None
+
+    expected = outcome(walked)
+    assert outcome(lambda: rules.evaluate(expr, ENV)) == expected
+    assert outcome(lambda: rules.evaluate(expr, ENV)) == expected

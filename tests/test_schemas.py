@@ -74,3 +74,62 @@ def test_check_keeps_the_schemas_current(project):
     (project / "schemas/notes.json").write_text("{}\n")  # not ours: left alone
     assert "schemas/ is up to date" in run_cli("--root", str(project), "check").out
     assert (project / "schemas/notes.json").exists()
+
+
+def test_check_trusts_the_schema_cache_only_for_the_bytes_it_recorded(project, tmp_path, monkeypatch):
+    """`check` skips rendering the schemas when a cache entry for the same inputs records their
+    hashes; a hand-edited schema is still stale, and so is one that changed inputs make old."""
+    from codegen import schema
+
+    monkeypatch.setenv("CODEGEN_CACHE_DIR", str(tmp_path / "cache"))
+    assert run_cli("--root", str(project), "check").code == 0  # no entry: renders, records it
+    assert len(list((tmp_path / "cache" / "schemas").glob("*.json"))) == 1
+
+    def no_render(tree_inputs):
+        raise AssertionError("rendered the schemas despite the cache entry")
+
+    with monkeypatch.context() as m:
+        m.setattr(schema, "render_inputs", no_render)
+        assert run_cli("--root", str(project), "check").code == 0  # the entry proves them current
+    path = project / "schemas/kernels/matmul.schema.json"
+    path.write_text(path.read_text().replace('"type": "integer"', '"type": "number"', 1))
+    result = run_cli("--root", str(project), "check")
+    assert result.code == 1 and "stale: schemas/kernels/matmul.schema.json" in result.out
+    diff = result.out.splitlines()
+    assert any(line.startswith("-") and '"type": "number"' in line for line in diff)
+    assert any(line.startswith("+") and '"type": "integer"' in line for line in diff)
+    assert run_cli("--root", str(project), "schema").code == 0
+    assert run_cli("--root", str(project), "check").code == 0
+    # An entry that disagrees with a file is no verdict: the schemas are rendered and compared
+    # byte for byte (current here), and the entry is written again.
+    (entry,) = (tmp_path / "cache" / "schemas").glob("*.json")
+    hashes = json.loads(entry.read_text())
+    good, hashes["schemas/vendor.schema.json"] = hashes["schemas/vendor.schema.json"], "0" * 64
+    entry.write_text(json.dumps(hashes))
+    assert run_cli("--root", str(project), "check").code == 0
+    assert json.loads(entry.read_text())["schemas/vendor.schema.json"] == good
+
+
+def test_the_schema_cache_covers_what_the_schemas_read(project):
+    """Every input the schemas depend on changes the cache key: a field's type, doc and choices
+    and a config's bucket dimensions (rendered with and without each change, compared)."""
+    from codegen import load, schema
+
+    tree = load.load(project)
+    base = schema.inputs(tree)
+    key = schema.inputs_digest(base)
+    stem, configs = next((s, c) for s, c in base.items() if any(dims for _, dims in c.values()))
+    name, (fields, dims) = next((n, c) for n, c in configs.items() if c[1])
+    fname, field = fields[0]
+    changes = [
+        field._replace(type="float" if field.type != "float" else "int"),
+        field._replace(doc=field.doc + " (more)"),
+        field._replace(choices=(1, 2)),
+    ]
+    variants = [((fname, f),) + fields[1:] for f in changes]
+    trees = [dict(base, **{stem: dict(configs, **{name: (v, dims)})}) for v in variants]
+    trees.append(dict(base, **{stem: dict(configs, **{name: (fields, dims[:-1])})}))
+    rendered = schema.render_inputs(base)
+    for changed in trees:
+        assert schema.inputs_digest(changed) != key
+        assert schema.render_inputs(changed) != rendered  # the key changed because the bytes do
