@@ -257,7 +257,7 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     # the row padded to a 16-row tile as in _gemv_up, each step's product weighted in fp32.
     # The next step's expert id and weight are read a step ahead, so that the weight tile's
     # address never waits on a load of the same step (T = 1, qwen36: 19.0 -> 17.8 us on an H200,
-    # bench/results/h200_explore_decode2.json).
+    # exploration at commit cc8149c).
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = (offs_n % N).to(tl.int64)
@@ -314,10 +314,10 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     # registers, one step in flight; STAGES > 1: tl.range has Triton stage every load of the loop
     # through shared memory by cp.async, STAGES - 1 steps ahead (on an H200 at one token, qwen36's
     # 8 x 512 slabs at 3 stages with the down kernel at 2: 28.9 against 30.2 us,
-    # bench/results/h200_explore_decode28.*).  Addresses are base + k0, not pointers carried and
+    # exploration at commit eefc4d2).  Addresses are base + k0, not pointers carried and
     # advanced through the loop: unstaged on 256-element slab rows (the records that run so), 3-4 us
     # less per layer at T = 1 and 4 on both shapes; on 512-element rows unstaged (no record) 1.8 us
-    # more (bench/results/h200_explore_decode29.*).
+    # more (exploration at commit 5e75820).
     # PDL (launched as a programmatic dependent launch): wait until the kernel before (the router)
     # has finished and its writes are visible, then let the down kernel launch; nothing is read
     # before the wait.
@@ -374,7 +374,7 @@ def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     # scale the k sums at the end, added in a fixed order (the same every run).  Against one
     # expert a step, a program keeps k times the bytes in flight: alone at one token on an H200
     # (4 x 128 chunks, 4 warps) 12.4 against 13.1 us (qwen36) and 12.1 against 17.1 us (128
-    # experts x 768) (bench/results/h200_explore_decode11.*).  STAGES 1: the next chunk is loaded
+    # experts x 768) (exploration at commit 52e0da3).  STAGES 1: the next chunk is loaded
     # into registers before this one is used; STAGES > 1: the loop after the first chunk is a
     # tl.range of that depth (its loads staged through shared memory by cp.async, as _simt_up's).
     # PDL: the ids (written by the router, finished before the up kernel let this one launch; read
@@ -510,7 +510,7 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
     # threads, each moving K_BLOCK keys at once.  (Before: k rounds of a row-wide argmax and a
     # removal.  At one token on an H200 the router took 5.5 against 5.9 us alone, and the chained
     # layer 30.1 against 31.0 us (qwen36), 29.6 against 31.0 (128 experts x 768):
-    # bench/results/h200_explore_decode20.*.)
+    # exploration at commit 05ae135.)
     # DeepSeek-V3's routing (vLLM's grouped_topk), each part a constexpr that compiles to nothing
     # when off: HAS_BIAS adds bias[e] to the scores that choose (groups and experts), while the
     # weights are the unbiased scores; GROUPS > 1 splits the experts into GROUPS groups of
@@ -984,11 +984,11 @@ def _route(
     e_block = _launch._pow2ceil(E)
     # Up to 64 tokens a call (decode), one token a program: at T = 1 and 4 (256 experts, top-8) 9.9 ->
     # 6.0 us a call against 16-token, 4-warp tiles on an H200, where the tile's cross-warp
-    # reductions were most of the time (bench/results/h200_explore_decode2.json, the k-round
+    # reductions were most of the time (exploration at commit cc8149c, the k-round
     # top-k).  A warp per 128 experts (4 logits a lane), up to 4: with the one-pass top-k, 256
     # experts on 2 warps took the router 5.3 against 5.6 us and the chained layer at T = 1 about
     # 0.4 us less than on one; 128 experts gained nothing from a second
-    # (bench/results/h200_explore_decode22.*).  Larger calls keep the tiles of up to 4,096 logits.
+    # (exploration at commit 03e74a8).  Larger calls keep the tiles of up to 4,096 logits.
     small = T <= _TOPK_ONE_ROW_MAX_T
     block_t = 1 if small else max(1, min(64, 4096 // e_block))
     warps = min(4, max(1, e_block // 128)) if small else 4
