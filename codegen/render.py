@@ -35,6 +35,7 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -84,6 +85,8 @@ BLACK_MODE = black.Mode(target_versions={black.TargetVersion.PY311}, line_length
 
 
 STAMP = "# codegen-stamp: "
+# What format_python does after black; part of the stamp's input, so that a change re-formats.
+PROSE = "comments and docstrings wrapped at spaces past the line length"
 
 
 def _digest(data: bytes) -> str:
@@ -99,7 +102,7 @@ class GeneratedFile:
 
     @property
     def input_digest(self) -> str:
-        return _digest(f"{black.__version__}\n{BLACK_MODE!r}\n{self.source}".encode())
+        return _digest(f"{black.__version__}\n{BLACK_MODE!r}\n{PROSE}\n{self.source}".encode())
 
     def content(self) -> bytes:
         """The exact bytes of the file: black's output with the stamp as its second line."""
@@ -206,9 +209,46 @@ def render(resolution: Resolution) -> Rendered:
 
 def format_python(text: str, name: str) -> str:
     try:
-        return black.format_str(text, mode=BLACK_MODE)
+        formatted = black.format_str(text, mode=BLACK_MODE)
     except black.InvalidInput as exc:  # a template bug, not a spec problem
         raise RuntimeError(f"template output for {name} is not valid Python: {exc}") from None
+    return wrap_prose(formatted)
+
+
+def wrap_prose(source: str) -> str:
+    """Comment lines and docstring lines past the line length (black wraps neither) wrapped at
+    spaces, continuations at the line's indentation (a "- " item's under its text).  The first
+    line, the marker, stays whole: tools find generated files by that one line."""
+    lines = source.split("\n")
+    docstring_lines: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstring_lines.update(range(value.lineno - 1, (value.end_lineno or value.lineno)))
+    out = lines[:1]
+    for i, line in enumerate(lines[1:], start=1):
+        stripped = line.lstrip()
+        indent = line[: len(line) - len(stripped)]
+        comment = stripped.startswith("# ") and not stripped.startswith("# fmt:")
+        if len(line) <= ctx.LINE_LENGTH or not (comment or i in docstring_lines):
+            out.append(line)
+            continue
+        lead = "# " if comment else ""
+        text = stripped[len(lead) :]
+        hang = "  " if text.startswith("- ") else ""
+        pieces = textwrap.wrap(
+            text,
+            width=ctx.LINE_LENGTH - len(indent) - len(lead),
+            subsequent_indent=hang,
+            break_long_words=False,
+            break_on_hyphens=False,
+            expand_tabs=False,
+            replace_whitespace=False,
+        )
+        out.extend(indent + lead + piece for piece in pieces)
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------
