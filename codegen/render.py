@@ -1,32 +1,15 @@
 """Stage 3, Resolution -> Rendered: Jinja2 templates to black-formatted Python source.
 
-Templates hold layout; everything they print is prepared in Python, as plain
-data (``context.py``: names, comments, Python literals made with ``repr``).
+Templates hold layout; what they print is prepared in Python (``context.py``).  The modules are
+data: ``__init__.py`` and ``dispatch.py`` always (``BUILTIN``), and one per
+``specs/modules/<name>.toml``, its template and context file found in ``<root>/templates`` first,
+then in the packaged ``codegen_templates``.  ``check_needs`` verifies, before anything renders,
+that the tree provides what each module declares it reads (else ``SpecErrors``, exit 2).
 
-Which modules are generated is data: ``__init__.py`` and ``dispatch.py`` always
-(``BUILTIN``), and one module per ``specs/modules/<name>.toml`` (a kernel
-family: its template, the configs it reads, an optional context file beside
-the template).  Templates and context files are looked up in
-``<root>/templates`` first, then in the packaged templates
-(``codegen_templates``), so a project can bring its own and override ours.
-
-Before anything is rendered, ``check_needs`` verifies that the spec tree provides
-what each module declares it reads (``ModuleSpec.reads``: configs, dispatch
-names, fields, parameters, bucket dimensions) and that no record class takes a
-name the dispatch module itself uses; a problem is a ``SpecErrors`` (exit 2),
-not a module that builds and fails at import or at run time.
-
-Output is deterministic: the context is built from sorted records, nothing
-iterates a set, there are no timestamps, and black runs with a fixed Mode
-(never the host's configuration), pinned by version in pyproject.toml.
-
-Formatting is the costly step (black: ~50 ms per 400 lines), so it is lazy: a
-``GeneratedFile`` holds the template output and a stamp, and black runs only
-for a file that is not already current on disk.  The stamp, the second line of
-every generated file, records a hash of the formatter's input (template output,
-black version and mode) and of the formatted file without that line; a file
-whose stamp matches both the current input and its own bytes is exactly what
-black would produce again, so ``check`` and a no-op ``build`` skip black.
+Output is deterministic: sorted records, no timestamps, black with a fixed Mode pinned by version.
+Black is the costly step, so it is lazy: each file's second line is a stamp (a hash of the
+formatter's input and of the formatted file without that line), and a file whose stamp matches
+both is current without running black.
 """
 
 from __future__ import annotations
