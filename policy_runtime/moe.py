@@ -1,48 +1,17 @@
 """The hand-written half of generated/moe.py: fused MoE's kernel bodies and host side.
 
-generated/moe.py (templates/moe.py.j2) holds what varies with the specs: per distinct bucket
-config of the ``moe_launch`` policy one pair of small ``@triton.jit`` kernels (the up GEMM and
-the down GEMM), which call a body below with the config's constants baked in, and its
-``Variant`` record; each target's buckets and selector; the tables by dtype and target; and the
-public functions, which hand those tables to a ``MoE`` (below).  Everything else is here.
+generated/moe.py holds what varies with the specs (per bucket config a pair of ``@triton.jit``
+kernels, up GEMM and down GEMM, that call a body below with its constants baked in; the bucket
+tables) and hands them to a ``MoE`` (below).  Kernel kinds (a bucket's ``kernel``):
+``grouped``, vLLM's structure (rows sorted and padded per expert to ``block_size_m``, the
+weighted rows summed by fp32 atomics where ``fuse_sum``, else by a reduce in slot order);
+``gemv``, decode without alignment (a row in a 16-row tensor-core tile, the down kernel one
+token a program, summing its k experts in slot order); ``simt``, decode on the CUDA cores
+(slabs of weights in registers, no padding rows: at one token 0.8x the gemv's time on an
+H200), ``chained`` as programmatic dependent launches on Hopper and later.
 
-Kernel kinds (the ``kernel`` field of a bucket):
-
-``grouped``  vLLM's structure.  ``moe_align_block_size`` sorts the T * k routed rows (token t's
-             j-th expert is flat row ``t * k + j``) by expert, stably, each expert's rows padded
-             to a multiple of ``block_size_m``; a tile of the up GEMM is ``block_size_m`` rows of
-             one expert (gathered rows of hidden_states) against ``block_size_n`` columns of both
-             halves of that expert's w1, with SiLU(gate) * up in the epilogue (one rounding,
-             written per flat row); a tile of the down GEMM multiplies those rows by w2 and by
-             their routing weights.  Its weighted rows are then summed per token: with
-             ``fuse_sum`` by fp32 atomic adds into the output (an fp32 accumulator: the order of
-             the k additions varies from run to run), else written per flat row and summed in
-             slot order by a reduce kernel (deterministic).  Blocks past the aligned total, and
-             experts without tokens, launch no work: the grid has at most
-             ``T * k // block_size_m + min(E, T * k)`` row blocks.
-``gemv``     decode: no alignment.  The up kernel computes one flat row per program (a
-             ``block_size_n``-column slab of both halves of its expert's w1), the down kernel one
-             token per program, summing its k experts' weighted products in slot order
-             (``fuse_sum`` always, deterministic).  The row rides in a 16-row tensor-core tile
-             (the rest zero) so that Triton pipelines the weight loads: at a few tokens the GEMMs
-             stream weights, and two launches replace four or five.
-``simt``     decode on the CUDA cores, no alignment.  The up kernel as ``gemv``'s grid: each step
-             loads a ``block_size_n`` x ``block_size_k`` slab of weights into registers and
-             multiplies it by the row elementwise into fp32 accumulators of the slab's shape,
-             reduced over K at the end.  The down kernel: one token a program, a
-             ``down_block_size_k`` chunk of ``down_block_size_n`` rows of all k experts' w2 at
-             once, the next chunk loaded before this one is used; the k sums are weighted and
-             added in a fixed order (deterministic).  No shared memory and no padding rows, so a
-             program is small and several share an SM: at one token, where the tensor-core tile is
-             15/16 padding, the layer ran in 0.8x the gemv's time on an H200.  ``chained``: both
-             are programmatic dependent launches (Hopper and later; ``launch._programmatic``):
-             each is resident before the kernel before it ends, and waits on the device
-             (griddepcontrol) before it reads that kernel's output; topk_softmax lets them start.
-
-Arithmetic is fp32; the up GEMM's activation is rounded once to the input dtype (as vLLM's
-intermediate cache), the output once.  Index arithmetic that reaches into the weights or the
-routed rows is 64-bit.  Names keep their leading underscore where they are the kernel module's
-internals, not API.
+Arithmetic is fp32; the activation is rounded once to the input dtype (as vLLM's intermediate
+cache), the output once.  Index arithmetic into the weights and the routed rows is 64-bit.
 """
 
 from __future__ import annotations
