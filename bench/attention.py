@@ -4,34 +4,14 @@
     python3 bench/attention.py                          # the full run (~2-3 min on the H200)
     python3 bench/attention.py --cpu-smoke --hw h200    # tiny fp16 shapes in Triton's interpreter
 
-Kernels come from generated/attention.py with ``hw=None`` (the device is detected; ``--hw``
-forces a target).  Every method is checked at the size it is timed at before it is timed (a
-wrong or unwritten result is recorded as a failed check, not timed, and the run exits 1).
-Times are GPU times (bench/timing.py: median of runs each after an L2 flush, the host's launch
-time off the clock), in interleaved rounds against the reference; ratios are the median over
-rounds of reference time / our time (> 1: ours faster).
-
-1. prefill (prefill_attention), causal and not, head_dim 128 (32 query / 8 KV heads, as
-   Llama-3.1-8B) and 256 (16 / 4, as Qwen3.6), sequences of 1k, 4k and 16k tokens, in an
-   equal batch (16k tokens: 16 x 1k, 4 x 4k, 1 x 16k) and a ragged one (lengths from 17% to
-   100% of the sequence length, about 1.5x the tokens): TFLOP/s (causal: half the
-   score matrix) against SDPA with the flash backend on the same data (GQA through
-   ``enable_gqa``; a ragged batch as one SDPA call per sequence, replayed from a CUDA graph so
-   that host launch gaps do not count).  Summary: the geometric mean
-   of the ratios over the causal shapes at 4k and 16k, and the lowest ratio.
-2. decode (decode_attention) on a paged cache (block size 16, blocks in random order), batch
-   1 / 8 / 32 / 128, context 1k / 8k / 32k, head_dim 256 with 4 KV heads (Qwen3.6) and head_dim 128
-   with 8 KV heads: KV bytes read per second as a fraction of a device copy's bandwidth (the copy
-   of the same number of bytes, read + written, capped at 2 GiB), and the time against SDPA
-   (flash) on the same K/V already contiguous ([batch, kv_heads, context, head_dim], no block
-   table): an upper anchor.  The path the policy takes (V1, V2) is recorded per case.
-3. V1 against V2 at contexts past the policy's v1_v2_threshold (batch 8 and 32, both models):
-   the decode kernel forced to V1 (a record with no threshold) and to V2.
-4. First call of a new sequence length (prefill and decode, kernels already compiled): wall
-   time, which would include a compilation if lengths were specialized on.
-
-Prints a table per phase; JSON to $OUT/attention.json when $OUT is set (or --json PATH),
-rewritten after every phase.
+Every method is checked at its timed size first (a failed check is recorded, not timed, exit 1),
+then timed as GPU time (bench/timing.py) in interleaved rounds; ratios are the median over rounds
+of reference time / ours.  Phases: (1) prefill, causal and not, head_dim 128 (32 / 8 heads) and
+256 (16 / 4), 1k / 4k / 16k tokens, equal and ragged batches, TFLOP/s against SDPA (flash; a
+ragged batch as one call per sequence from a CUDA graph); (2) paged decode (block size 16),
+batch 1-128, context 1k-32k: KV bytes a second as a fraction of a device copy, and against SDPA
+on the same K/V made contiguous; (3) V1 against V2 past the policy's threshold; (4) the first
+call of a new length.  JSON to $OUT/attention.json (or --json PATH), rewritten after each phase.
 """
 
 from __future__ import annotations

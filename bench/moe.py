@@ -4,32 +4,14 @@
     python3 bench/moe.py                         # the H200 run (well under 5 minutes)
     python3 bench/moe.py --cpu-smoke --hw h200   # tiny fp16 shapes in Triton's interpreter
 
-Shapes (bf16, renormalized top-k routing from fp32 logits):
-  qwen36   Qwen3.6-35B-A3B from specs/models/qwen36.toml: hidden_size and moe_intermediate_size,
-           num_experts, top_k (the values used are printed: the spec's hidden_size is the seed's
-           deployment figure 3584, where the model card gives 2048; the expert intermediate 512
-           is the card's)
-  e128     128 experts, hidden 2048, expert intermediate 768, top-8
-and T = 1, 4, 16, 64, 256, 1024, 4096, 16384 tokens each.  Methods, all on the same logits:
-  ours     topk_softmax + fused_moe (alignment inside: routing and alignment included)
-  grouped  torch.softmax + topk, a stable argsort by expert with bincount offsets, the gathered
-           rows through torch._grouped_mm twice (else, where this torch lacks it, a per-expert
-           torch.matmul loop), SiLU-and-mul between, the weighted rows summed per token
-  cublas   (T >= 4096, the prefill target) torch.matmul of one expert's two GEMMs at the
-           per-expert shape, T * k / E rows, and at all T * k rows (dense, the same FLOPs)
-Each method is first checked against an fp32 per-expert reference on the same routing (relative
-error < 2e-2, else the run fails), then timed as GPU time (bench/timing.py's gpu_ms: median of
-runs, L2 flushed before each, launch time off the clock) in interleaved rounds.  Reported: time,
-the bytes of the activated experts' weights (each expert some token routes to, w1 and w2) read
-per second as a fraction of a device copy's bandwidth (read + write, 512 MiB), and TFLOP/s
-(6 * T * k * H * I useful FLOPs).  At T <= 16 (decode) ours and grouped are also captured once
-each as a CUDA graph, as a server runs its decode step, checked again, and timed as replays (the
-same timer): the gaps between a call's launches shrink there.  At T <= 16 ours is also timed as
-a decode step runs it: STEP_LAYERS layers (8; in the smoke run 2, eager, at one token) back to
-back in one CUDA graph, each with its own input, weights and logits (the first layer the case's),
-checked against the same layers run eagerly; reported per layer (the step's time / STEP_LAYERS):
-a lone call's fixed cost (the events around it, its first launch) is paid once a step.  JSON to
-$OUT/moe.json when $OUT is set (or --json PATH), rewritten after every case.
+Shapes (bf16, renormalized top-k from fp32 logits): qwen36 (specs/models/qwen36.toml) and e128
+(128 experts, hidden 2048, intermediate 768, top-8), at T = 1 to 16384.  Methods on the same
+logits: ours (topk_softmax + fused_moe), grouped (softmax/top-k, argsort, torch._grouped_mm
+twice), and at T >= 4096 cuBLAS on one expert's GEMMs.  Each is checked against an fp32
+reference (relative error < 2e-2), then timed (bench/timing.py) in interleaved rounds: time,
+the activated experts' weight bytes a second as a fraction of a device copy, TFLOP/s.  At
+T <= 16 also as CUDA-graph replays, and per layer of a STEP_LAYERS-layer decode step in one
+graph, each layer its own weights.  JSON to $OUT/moe.json (or --json PATH) after every case.
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 def round_order(names: list[str], r: int) -> list[str]:
     """The order of round r: rotated by r // 2, reversed in odd rounds, so that over 2 x len(names)
     rounds every method runs exactly twice in every position.  Plain forward/backward alternation
-    kept the middle method (the reference, in bench/matmul.py) in the middle every round; on
-    2026-11-30 a 17 us cuBLAS call timed there ran 5% faster than the same call timed first or last."""
+    kept the middle method (the reference, in bench/matmul.py) in the middle every round, where a
+    17 us cuBLAS call ran 5% faster than the same call timed first or last."""
     k = (r // 2) % len(names)
     order = names[k:] + names[:k]
     return order[::-1] if r % 2 else order
