@@ -4,41 +4,15 @@
     python3 bench/attention.py                          # the full run (~2-3 min on the H200)
     python3 bench/attention.py --cpu-smoke --hw h200    # tiny fp16 shapes in Triton's interpreter
 
-Kernels come from generated/attention.py with ``hw=None`` (the device is detected; ``--hw``
-forces a target).  Every method is checked at the size it is timed at before it is timed (a
-wrong or unwritten result is recorded as a failed check, not timed, and the run exits 1).
-Times are GPU times (bench/timing.py: median of runs each after an L2 flush, the host's launch
-time off the clock), in interleaved rounds against the reference; ratios are the median over
-rounds of reference time / our time (> 1: ours faster).
-
-1. prefill (prefill_attention), causal and not, head_dim 64 (32 query / 8 KV heads), 128 (32 / 8,
-   as Llama-3.1-8B) and 256 (16 / 4, as Qwen3.6), sequences of 1k, 4k and 16k tokens (--quick: 1k
-   and 8k), in an
-   equal batch (16k tokens: 16 x 1k, 4 x 4k, 1 x 16k) and a ragged one (lengths from 17% to
-   100% of the sequence length, about 1.5x the tokens): TFLOP/s (causal: half the
-   score matrix) against SDPA with the flash backend on the same data (GQA through
-   ``enable_gqa``; a ragged batch as one SDPA call per sequence, replayed from a CUDA graph so
-   that host launch gaps do not count).  Peers in the same rounds, each checked first: compiled
-   FlexAttention (one call over the packed batch with a document mask, causal within each
-   sequence; the block mask built outside the timing) and SDPA's cuDNN backend (called as flash
-   is).  Summary: the geometric mean of the ratios over the causal shapes at 4k and 16k, and the
-   lowest ratio.
-2. decode (decode_attention) on a paged cache (block size 16, blocks in random order) over
-   (head_dim, query heads, KV heads) = (64, 16, 16), (128, 32, 8), (128, 64, 8), (256, 16, 4),
-   (256, 16, 2): GQA 1, 4 and 8; DECODE_CASES of batch 1 to 256 and context 1k to 128k, equal and
-   ragged (lengths RAGGED fractions of the context): KV bytes read per second as a fraction of a
-   device copy's bandwidth (the copy of the same number of bytes, read + written, capped at
-   2 GiB), the time against SDPA (flash) on the same K/V already contiguous ([batch, kv_heads,
-   context, head_dim], no block table; equal batches only): an upper anchor, and against vLLM's
-   Triton paged decode (../shared/peers/vllm_triton.py when present, VLLM_KV_SPLITS splits) on the
-   same paged cache.  The path the policy takes (V1, V2, pytorch) is recorded per case.
-3. V1 against V2 at contexts past the policy's v1_v2_threshold (batch 8 and 32, both models):
-   the decode kernel forced to V1 (a record with no threshold) and to V2.
-4. First call of a new sequence length (prefill and decode, kernels already compiled): wall
-   time, which would include a compilation if lengths were specialized on.
-
-Prints a table per phase; JSON to $OUT/attention.json when $OUT is set (or --json PATH),
-rewritten after every phase.
+Every method is checked at its timed size first (a failed check is recorded, not timed, exit 1),
+then timed as GPU time (bench/timing.py) in interleaved rounds; ratios are the median over rounds
+of reference time / ours.  Phases (--phases picks some): (1) prefill, causal and not, head_dim
+64 / 128 / 256, 1k / 4k / 16k tokens (--quick: 1k, 8k), equal and ragged batches, TFLOP/s against
+SDPA (flash), with SDPA's cuDNN backend and compiled FlexAttention (--no-flex leaves it out) as
+peers; (2) paged decode (block size 16), GQA 1 to 8, batch 1-256, context 1k-128k, equal and
+ragged: KV bytes a second as a fraction of a device copy, against SDPA on the same K/V made
+contiguous and vLLM's Triton paged decode (bench/peers.py); (3) V1 against V2 past the policy's
+threshold; (4) the first call of a new length.  JSON to $OUT/attention.json (or --json PATH).
 """
 
 from __future__ import annotations

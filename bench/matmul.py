@@ -5,23 +5,13 @@
     python3 bench/matmul.py --cpu-smoke     # tiny fp16 shapes in Triton's interpreter (no GPU)
     python3 bench/matmul.py --first-call-only --repeats 3   # only the first-call latencies, 3 times
 
-For each shape (bf16): TFLOP/s of
-  (a) matmul          the dispatched policy (Triton, or cuBLAS where the policy says it wins)
-  (b) matmul_triton   the bucket's generated Triton kernel, no library fallback
-  (c) torch.matmul    cuBLAS
-  (d) autotune        triton.autotune over the same candidate configs (the target's bucket
-                      configs, run by the plain grouped pointer kernel, as the seed does; M not
-                      specialized on, as in the generated kernels)
-  and a control: torch.matmul against itself, whose spread is the measurement's noise,
-each first checked into a NaN-filled output (relative error < 1e-2, else exit 1), then
-measured as GPU time (median of 100 runs, L2 flushed before each, the host's launch time kept
-off the clock: see bench_ms) in interleaved rounds;
-ratios are against torch.matmul measured in the same round.  Then, each in a fresh process
-with an empty Triton cache: the first call of a new shape (generated vs autotune), and a
-further new M in the same bucket; host overhead at M = 1 (back-to-back calls, no graphs); and
-the same back-to-back loop at 16x11008x2048, a decode shape, where per-call time is whichever of
-host and GPU is slower.  Buckets whose backend is "triton_in_graphs" (decode: Triton only inside
-CUDA graph capture) are also timed as graph replays of matmul and torch.matmul.
+Per shape (bf16): (a) matmul as dispatched, (b) matmul_triton (the bucket's kernel), (c)
+torch.matmul, (d) triton.autotune over the target's bucket configs (as the seed does), and
+torch.matmul against itself as the control; each checked into a NaN-filled output (relative
+error < 1e-2, else exit 1), then timed as GPU time (bench_ms) in interleaved rounds, ratios
+against torch.matmul in the same round.  Then, in fresh processes with an empty Triton cache,
+the first call of a new shape and of a new M; host time per call at M = 1 and at a decode
+shape; "triton_in_graphs" buckets also as CUDA-graph replays.
 """
 
 from __future__ import annotations

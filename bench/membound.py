@@ -5,25 +5,12 @@
     python bench/membound.py --budget-s 120    # tighter: optional parts are skipped first
     python bench/membound.py --cpu-smoke --hw h200   # tiny fp16 shapes, TRITON_INTERPRET=1, CPU
 
-Kernels come from generated/transform.py and generated/cache.py with ``hw=None`` (the device is
-detected; ``--hw`` forces a target), references from bench/reference_ops.py.
-
-Phases (each guarded: an error is recorded and the run goes on):
-  1. versions, device, date, detected target and its launch records
-  2. correctness in bf16 (fp16 with --cpu-smoke) of every op against the torch reference, twice
-     with fresh inputs (1st call compiles, 2nd reuses the memoised plan)
-  3. device copy bandwidth (bytes read + written): 512 MiB copied to another 512 MiB
-  4. per case: ours and torch eager, bytes/s from bench/timing.py's gpu_ms (median, L2 flushed,
-     launch time off the clock);
-     large cases also time a plain device copy of the same number of bytes; 1-token cases
-     time host overhead (N back-to-back calls, ours and eager in alternating rounds)
-     RoPE cases also time a Triton copy of exactly the bytes RoPE touches (the first rot_dim
-     dims of every head: the same access pattern, no arithmetic)
-  5. torch.compile(reference, dynamic=False) at the large sizes, most important first, timed in
-     COMPILE_ROUNDS rounds alternating with ours; "ours / compile" is the median of the
-     per-round ratios
-Prints a markdown table last; JSON to $OUT/membound.json when $OUT is set (or --json PATH),
-rewritten after every phase.
+Kernels from generated/transform.py and generated/cache.py, references from
+bench/reference_ops.py.  Phases, each guarded (an error is recorded, the run goes on): versions
+and target; correctness of every op against its reference, twice; a 512 MiB device copy; per
+case ours and eager as GPU time (bench/timing.py), large cases against a same-size copy (RoPE
+also a copy of the bytes it touches), 1-token cases' host time; torch.compile at the large
+sizes in alternating rounds.  A markdown table last; JSON to $OUT/membound.json (or --json).
 """
 
 from __future__ import annotations

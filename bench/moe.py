@@ -4,42 +4,16 @@
     python3 bench/moe.py                         # the H200 run (well under 5 minutes)
     python3 bench/moe.py --cpu-smoke --hw h200   # tiny fp16 shapes in Triton's interpreter
 
-Shapes (bf16, renormalized top-k routing from fp32 logits):
-  qwen36   Qwen3.6-35B-A3B from specs/models/qwen36.toml: hidden_size and moe_intermediate_size,
-           num_experts, top_k (the values used are printed: the spec's hidden_size is the seed's
-           deployment figure 3584, where the model card gives 2048; the expert intermediate 512
-           is the card's)
-  e128     Qwen3-30B-A3B's experts: 128, hidden 2048, expert intermediate 768, top-8 (a vLLM-tuned
-           H200 config exists)
-  mixtral  Mixtral-8x7B: 8 experts, hidden 4096, expert intermediate 14336, top-2 (vLLM-tuned H200 config)
-  dsv2lite DeepSeek-V2-Lite's routed experts: 64, hidden 2048, expert intermediate 1408, top-6 (vLLM has
-           no H200 file for it and takes its default config)
-and T = 1, 4, 16, 64, 256, 1024, 4096, 8192 tokens each (--quick: 1, 16, 256, 2048, 8192).  Methods, all
-on the same logits:
-  ours     topk_softmax + fused_moe (alignment inside: routing and alignment included)
-  vllm     (when ../shared/peers/vllm_triton.py is there; else the column is left out and the run says
-           so) our topk_softmax (vLLM's router is a CUDA op the peer file does not carry) + vLLM's
-           Triton fused MoE forward (its expert assignment, up GEMM, silu_and_mul, down GEMM, sum over
-           k), with the config vLLM would pick on this device (the tuned H200 JSON where vLLM ships
-           one, else its default); the source of the config is recorded per case
-  grouped  torch.softmax + topk, a stable argsort by expert with bincount offsets, the gathered
-           rows through torch._grouped_mm twice (else, where this torch lacks it, a per-expert
-           torch.matmul loop), SiLU-and-mul between, the weighted rows summed per token
-  cublas   (T >= 4096, the prefill target) torch.matmul of one expert's two GEMMs at the
-           per-expert shape, T * k / E rows, and at all T * k rows (dense, the same FLOPs)
-Each method is first checked against an fp32 per-expert reference on the same routing (relative
-error < 2e-2, else the run fails), then timed as GPU time (bench/timing.py's gpu_ms: median of
-runs, L2 flushed before each, launch time off the clock) in interleaved rounds.  Reported: time,
-the bytes of the activated experts' weights (each expert some token routes to, w1 and w2) read
-per second as a fraction of a device copy's bandwidth (read + write, 512 MiB), and TFLOP/s
-(6 * T * k * H * I useful FLOPs).  At T <= 16 (decode) ours and grouped are also captured once
-each as a CUDA graph, as a server runs its decode step, checked again, and timed as replays (the
-same timer): the gaps between a call's launches shrink there.  At T <= 16 ours is also timed as
-a decode step runs it: STEP_LAYERS layers (8; in the smoke run 2, eager, at one token) back to
-back in one CUDA graph, each with its own input, weights and logits (the first layer the case's),
-checked against the same layers run eagerly; reported per layer (the step's time / STEP_LAYERS):
-a lone call's fixed cost (the events around it, its first launch) is paid once a step.  JSON to
-$OUT/moe.json when $OUT is set (or --json PATH), rewritten after every case.
+Shapes (bf16, renormalized top-k from fp32 logits): qwen36 (specs/models/qwen36.toml), e128
+(Qwen3-30B-A3B: 128 experts, hidden 2048, intermediate 768, top-8), mixtral (8 x 14336, top-2)
+and dsv2lite (64 x 1408, top-6), at T = 1 to 8192 (--quick: 1, 16, 256, 2048, 8192).  Methods on
+the same logits: ours (topk_softmax + fused_moe), vLLM's Triton fused MoE with the config vLLM
+picks (bench/peers.py; left out without the peer file), grouped (softmax/top-k, argsort,
+torch._grouped_mm twice), and at T >= 4096 cuBLAS on one expert's GEMMs.  Each is checked
+against an fp32 reference (relative error < 2e-2), then timed (bench/timing.py) in interleaved
+rounds: time, the activated experts' weight bytes a second as a fraction of a device copy,
+TFLOP/s.  At T <= 16 also as CUDA-graph replays, and per layer of a STEP_LAYERS-layer decode
+step in one graph.  JSON to $OUT/moe.json (or --json PATH) after every case.
 """
 
 from __future__ import annotations

@@ -4,33 +4,14 @@
     python3 bench/warmup.py --hw h200 --repeats 3     # the H200 run (bench/RESULTS.md)
     python3 bench/warmup.py --cpu-smoke --hw h200     # every phase's wiring in Triton's interpreter
 
-Each phase runs in a fresh process (this script with --phase):
-
-  (a) warmup       an empty TRITON_CACHE_DIR: ``generated.warmup(hw, dtypes, workers)`` over every
-                   kernel module (bf16 and fp16 by default), timed; kernels compiled, wall time,
-                   the process's time from its start (imports included), the cache directory.
-  (b) first-calls  the cache (a) filled, a fresh process that did not warm up: Triton's compilations
-                   counted (new entries in the cache directory; its jit_post_compile_hook, which
-                   sees each kernel the process compiles or loads; the compilation listener's cache
-                   misses, where this Triton has one) around (1) the first call of bench/matmul.py's
-                   first-call shapes with matmul_triton (new shapes: the very first is the first
-                   Triton call of the process), each timed, and (2) the first real call of every
-                   bucket, instantiation and launch plan with other shapes than the warm-up's (a new
-                   M, token count, length, batch: policy_runtime.warmup's pick "other"), each timed.
-                   Zero new compilations is asserted (exit 1 otherwise).
-  (c) startup      the same cache, a fresh process that first calls ``generated.warmup(load=True)``
-                   (a server's startup: every kernel loaded, nothing compiled, asserted), timed, and
-                   then the same first calls, timed.
-  (d) autotune     bench/matmul.py's own first-call child (``--first-call autotune``, the seed's
-                   triton.autotune over the target's bucket configs, and ``--first-call generated``,
-                   no warm-up) on the same shapes, each in a fresh process with an empty cache: the
-                   first shape cold, the later ones after a Triton kernel (--warm-triton), as in (b).
-
---repeats N repeats (a)-(c) N times ((b) and (c) on the cache of (a)'s first run); --baseline-repeats
-N repeats (d).  The JSON goes to $OUT/warmup.json (or --json); a summary is printed, with the first
-call after warm-up as a fraction of autotune's.  --cpu-smoke: the interpreter compiles nothing, so
-(b) compares specialization keys instead of running the calls (policy_runtime.warmup.launch_key:
-every launch of the other shapes has a key the warm-up planned), and the shapes are tiny.
+Each phase runs in a fresh process (this script with --phase): (a) warmup, an empty
+TRITON_CACHE_DIR, ``generated.warmup`` over every kernel module, timed; (b) first-calls, (a)'s
+cache, the first call of every bucket, instantiation and launch plan with other shapes, each
+timed, compilations counted (zero asserted, exit 1 otherwise); (c) startup, the same after
+``generated.warmup(load=True)``; (d) autotune, bench/matmul.py's first-call child on the same
+shapes.  --repeats N repeats (a)-(c), --baseline-repeats N (d).  JSON to $OUT/warmup.json (or
+--json).  --cpu-smoke: the interpreter compiles nothing, so (b) compares specialization keys
+(policy_runtime.warmup.launch_key) instead, on tiny shapes.
 """
 
 from __future__ import annotations

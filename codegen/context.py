@@ -2,50 +2,11 @@
 
 Templates print; this module decides what they print, as plain data (strings already escaped
 for their place, values already as Python literals).  It knows no kernel family: a family's
-template reads the configs its module spec declares (``specs/modules/<name>.toml``), and a
-family that needs more than these tables computes it in a context file beside its template
-(``ModuleSpec.context``), from this data.
-
-The context of a module (every name below is a template variable; docs/templates.md documents it
-for template authors, with types and an example, and tests/test_examples.py keeps the two equal):
-
-``header``     the marker line naming the module's spec files.
-``module``     ``{"name", "path", "doc"}`` of the module being rendered.
-``modules``    ``[{"name", "doc"}]`` of every generated module (for generated/__init__.py).
-``hardware``   ``[{"name", "source", "vendor", "arch", "values": [(field, literal)]}]`` in
-               (vendor, arch, name) order; ``hw_fields``: ``[(field, type, comment)]`` of the
-               generated HardwareCapability (from the hardware spec model).
-``vendors``    ``[{"name", "display_name", "arch_from", "name_words", "default", "hip"}]``.
-``device_names``, ``by_arch``  detection tables (``detection_tables``).
-``configs``    config name -> ``Config`` data (below): the configs the module reads
-               (every config for the dispatch module).
-``models``     ``[{"name", "display_name", "source", "dims": [(dim, literal)], "constants":
-               [(NAME, literal)]}]``.
-``selectors``  ``[{"name", "record", "config", "matches", "params", "table": [(key, variant,
-               model)], "rules"}]`` of the configs read (``rules``: ``rules_data``, the policies'
-               rules as Python functions).
-``default_target``, ``default_model``  specs/project.toml's (or None); ``default_records``:
-               config -> the symbol of its record on them; ``config_constants``:
-               ``[(constant, symbol, dispatch name)]``.
-
-A config: ``name``, ``record`` (class name), ``doc``, ``source`` (the file of its fields),
-``bucketed``, ``dims`` (bucket dimensions), ``fields`` (``[(name, type, comment)]``),
-``variants`` (variant name -> variant data, sorted), ``files`` (spec files it draws on).
-
-A variant: ``name``, ``params`` (dict), ``params_text`` (``"dtype_bytes=2"``), ``names`` (the
-variant and its aliases), ``n_targets``, ``instantiations`` (list, below, every model's),
-``by_model`` (``[{"model", "instantiations", "table"}]``, model None for a config that reads no
-model) and, for a config that reads no model, ``table`` (``[(target, symbol)]`` by target name);
-``unserved`` (``[(target, "fp8_e4m3fn")]``): the targets lacking a feature the config ``requires``.
-A config's ``models`` lists the models it is resolved for (``[]``: none).
-
-An instantiation (targets of one vendor whose resolved values are equal): ``symbol``
-(``VARIANT_VENDOR_DIGEST``, stable while its values are), ``suffix``, ``origin`` (the
-policies and lines it came from), ``targets`` (``"a100 (80), h100 (90)"``), ``target_names``,
-``values`` (``[(field, literal)]``, plain configs) / ``record`` (``{field: value}``), and for
-bucketed configs ``buckets``: ``[{"index", "name", "note", "bounds": [(dim, "min"|"max",
-value)], "conditions": ["M <= 16", ...], "record": {field: value}, "values": [(field, literal)]}]``
-(``conditions``: the bounds on the selector's arguments, the dimensions upper-cased).
+template reads the configs its module spec declares, and a family that needs more computes it
+in a context file beside its template (``ModuleSpec.context``).  The variables (``header``,
+``module``, ``hardware``, ``configs``, ...) and the shape of a config, a variant and an
+instantiation are documented for template authors in docs/templates.md (tests/test_examples.py
+holds it to the context built here).
 """
 
 from __future__ import annotations

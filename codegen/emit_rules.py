@@ -142,7 +142,7 @@ def emit(cfg: Config, policy: Policy, params: tuple[str, ...], model_dims: tuple
         message = f"no candidate for '{name}' in {list(v.candidates)} satisfies '{v.where.source}'"
         shown = [(name, name)] + [(k, c) for k, c in _shown_expr(v.where) if k != name]
         numbers = ", ".join(f"{label!r}: {code}" for label, code in shown)
-        out.append(_stmt(indent + 1, f"_rules.no_candidate({message!r}, {{{numbers}}})", ""))
+        out.append(_stmt(indent + 1, f"_rules.no_candidate({_text(message)}, {{{numbers}}})", ""))
 
     def _closure(n: str, seen: tuple[str, ...] = ()) -> set[str]:
         out_: set[str] = set()
@@ -168,7 +168,7 @@ def emit(cfg: Config, policy: Policy, params: tuple[str, ...], model_dims: tuple
         out.append(
             _stmt(
                 1,
-                f"_rules.check_failed({check.spec.name!r}, {check.rule.source!r}, {message!r}, "
+                f"_rules.check_failed({check.spec.name!r}, {_text(check.rule.source)}, {_text(message)}, "
                 f"{{{numbers}}}, hw)",
                 "",
             )
@@ -206,3 +206,19 @@ def _shown(check: Any) -> list[tuple[str, str]]:
 
 def _stmt(indent: int, code: str, comment: str) -> dict[str, Any]:
     return {"indent": indent, "code": code, "comment": comment}
+
+
+def _text(value: str, width: int = 60) -> str:
+    """A string literal; a long one as adjacent literals of at most ``width`` characters split at
+    spaces, in parentheses, so black can lay it out within generated code's line length."""
+    if len(value) <= width:
+        return repr(value)
+    pieces, piece = [], ""
+    for word in value.split(" "):
+        if piece and len(piece) + 1 + len(word) > width:
+            pieces.append(piece + " ")
+            piece = word
+        else:
+            piece = f"{piece} {word}" if piece else word
+    pieces.append(piece)
+    return "(" + " ".join(repr(p) for p in pieces) + ")"

@@ -1,33 +1,17 @@
-"""The spec data model: what a TOML file under specs/ may say.
+"""The spec data model: what a TOML file under specs/ may say (README: "Layout", "Writing a policy").
 
-Rules every model here follows (in the spirit of torchgen/model.py):
+Every model is frozen, forbids unknown keys (a misspelt key is an error naming the file and key
+path) and takes strict scalars (``"64"`` is not an int, ``true`` is not 1).  Units live in field
+names (``_bytes``, ``_gbps``).  A hardware number cites its public source; a policy value is a
+literal or a rule evaluated per target (``rules.py``).  Nothing here knows files or lines
+(``load.py`` attaches them).  Text the templates print is held to what is safe there: a doc or
+note is one line without control characters (``DocText``), a name an identifier, not a keyword.
 
-* Specs are data, validated once, at load.  Every model is frozen and forbids
-  unknown keys: a misspelt key is an error naming the file and key path, never
-  a setting silently ignored.
-* Scalars are strict: ``64`` is an int, ``"64"`` is not, ``true`` is not 1
-  (every scalar field uses pydantic's Strict* types).
-* Units live in field names (``_bytes``, ``_gbps``) and are plain ints.
-* A number in a hardware spec is a fact about a part and cites its public
-  source in a TOML comment next to it; a number in a kernel policy is either
-  a tuning choice (literal, with a comment saying why) or a rule evaluated
-  against each target by the resolver (see ``rules.py``).
-* Nothing here knows about files or lines; ``load.py`` attaches those.
-* Whatever the templates print, not as a Python literal, is held to what is
-  safe there: a doc or note is one line without control characters
-  (``DocText``; render.py escapes backslashes and triple quotes where it
-  prints one), a record or field name is an identifier and not a keyword.
-  Values are printed with ``repr``.
-
-Three kinds of spec file:
-
-* ``specs/hardware/<name>.toml`` -> ``HardwareSpec``; ``<name>`` is the key
-  of the target everywhere (``HARDWARE["bi_v100"]``, ``hw="bi_v100"``).
-* ``specs/models/<name>.toml`` -> ``ModelSpec``: the model dimensions that
-  policies are computed for.
-* ``specs/kernels/<file>.toml`` -> one or more ``ConfigSpec`` tables: a
-  config record (its fields), the variants it is resolved for, the checks
-  every resolved record must pass, and policies per vendor/arch threshold.
+Six kinds of spec file: ``specs/project.toml`` -> ``ProjectSpec``; ``specs/vendors/<name>.toml``
+-> ``VendorSpec``; ``specs/hardware/<name>.toml`` -> ``HardwareSpec`` (``<name>`` keys the target
+everywhere: ``HARDWARE["bi_v100"]``); ``specs/models/<name>.toml`` -> ``ModelSpec``;
+``specs/kernels/<file>.toml`` -> one or more ``ConfigSpec`` tables (record fields, variants,
+checks, policies per vendor and arch threshold); ``specs/modules/<name>.toml`` -> ``ModuleSpec``.
 """
 
 from __future__ import annotations

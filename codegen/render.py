@@ -1,32 +1,15 @@
 """Stage 3, Resolution -> Rendered: Jinja2 templates to black-formatted Python source.
 
-Templates hold layout; everything they print is prepared in Python, as plain
-data (``context.py``: names, comments, Python literals made with ``repr``).
+Templates hold layout; what they print is prepared in Python (``context.py``).  The modules are
+data: ``__init__.py`` and ``dispatch.py`` always (``BUILTIN``), and one per
+``specs/modules/<name>.toml``, its template and context file found in ``<root>/templates`` first,
+then in the packaged ``codegen_templates``.  ``check_needs`` verifies, before anything renders,
+that the tree provides what each module declares it reads (else ``SpecErrors``, exit 2).
 
-Which modules are generated is data: ``__init__.py`` and ``dispatch.py`` always
-(``BUILTIN``), and one module per ``specs/modules/<name>.toml`` (a kernel
-family: its template, the configs it reads, an optional context file beside
-the template).  Templates and context files are looked up in
-``<root>/templates`` first, then in the packaged templates
-(``codegen_templates``), so a project can bring its own and override ours.
-
-Before anything is rendered, ``check_needs`` verifies that the spec tree provides
-what each module declares it reads (``ModuleSpec.reads``: configs, dispatch
-names, fields, parameters, bucket dimensions) and that no record class takes a
-name the dispatch module itself uses; a problem is a ``SpecErrors`` (exit 2),
-not a module that builds and fails at import or at run time.
-
-Output is deterministic: the context is built from sorted records, nothing
-iterates a set, there are no timestamps, and black runs with a fixed Mode
-(never the host's configuration), pinned by version in pyproject.toml.
-
-Formatting is the costly step (black: ~50 ms per 400 lines), so it is lazy: a
-``GeneratedFile`` holds the template output and a stamp, and black runs only
-for a file that is not already current on disk.  The stamp, the second line of
-every generated file, records a hash of the formatter's input (template output,
-black version and mode) and of the formatted file without that line; a file
-whose stamp matches both the current input and its own bytes is exactly what
-black would produce again, so ``check`` and a no-op ``build`` skip black.
+Output is deterministic: sorted records, no timestamps, black with a fixed Mode pinned by version.
+Black is the costly step, so it is lazy: each file's second line is a stamp (a hash of the
+formatter's input and of the formatted file without that line), and a file whose stamp matches
+both is current without running black.
 """
 
 from __future__ import annotations
@@ -37,6 +20,7 @@ import hashlib
 import importlib.util
 import keyword
 import os
+import textwrap
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +92,8 @@ def black_version() -> str:
 
 
 STAMP = "# codegen-stamp: "
+# What format_python does after black; part of the stamp's input, so that a change re-formats.
+PROSE = "comments and docstrings wrapped at spaces past the line length"
 
 
 def _digest(data: bytes) -> str:
@@ -126,7 +112,7 @@ class GeneratedFile:
 
     @property
     def input_digest(self) -> str:
-        return _digest(f"{black_version()}\n{BLACK_MODE_REPR}\n{self.source}".encode())
+        return _digest(f"{black_version()}\n{BLACK_MODE_REPR}\n{PROSE}\n{self.source}".encode())
 
     def content(self) -> bytes:
         """The exact bytes of the file: black's output with the stamp as its second line."""
@@ -412,7 +398,7 @@ def format_python(text: str, name: str, template: str | None = None) -> str:
             f"codegen/render.py's BLACK_MODE_REPR says {BLACK_MODE_REPR}: update it with the pin"
         )
     try:
-        return black.format_str(text, mode=mode)
+        formatted = black.format_str(text, mode=mode)
     except black.InvalidInput as exc:
         if template is None:
             raise RuntimeError(f"template output for {name} is not valid Python: {exc}") from None
@@ -422,6 +408,43 @@ def format_python(text: str, name: str, template: str | None = None) -> str:
         if line.isdigit() and 0 < int(line) <= len(lines := text.splitlines()):
             rule += f" (output line {line}: {lines[int(line) - 1].strip()[:80]!r})"
         raise SpecErrors([TemplateProblem(template, None, rule)]) from None
+    return wrap_prose(formatted)
+
+
+def wrap_prose(source: str) -> str:
+    """Comment lines and docstring lines past the line length (black wraps neither) wrapped at
+    spaces, continuations at the line's indentation (a "- " item's under its text).  The first
+    line, the marker, stays whole: tools find generated files by that one line."""
+    lines = source.split("\n")
+    docstring_lines: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstring_lines.update(range(value.lineno - 1, (value.end_lineno or value.lineno)))
+    out = lines[:1]
+    for i, line in enumerate(lines[1:], start=1):
+        stripped = line.lstrip()
+        indent = line[: len(line) - len(stripped)]
+        comment = stripped.startswith("# ") and not stripped.startswith("# fmt:")
+        if len(line) <= ctx.LINE_LENGTH or not (comment or i in docstring_lines):
+            out.append(line)
+            continue
+        lead = "# " if comment else ""
+        text = stripped[len(lead) :]
+        hang = "  " if text.startswith("- ") else ""
+        pieces = textwrap.wrap(
+            text,
+            width=ctx.LINE_LENGTH - len(indent) - len(lead),
+            subsequent_indent=hang,
+            break_long_words=False,
+            break_on_hyphens=False,
+            expand_tabs=False,
+            replace_whitespace=False,
+        )
+        out.extend(indent + lead + piece for piece in pieces)
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------

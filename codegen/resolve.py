@@ -1,26 +1,14 @@
 """Stage 2, SpecTree -> Resolution: chain, evaluate, validate and collapse policies.
 
-For every config variant and every target:
-
-1. Chain (as CCCL's ChainedPolicy): take the policy of the target's vendor
-   with the largest ``min_arch`` <= the target's arch.  Vendors never mix:
-   iluvatar 100 and nvidia 100 are unrelated numbers.  A policy with
-   ``max_arch`` does not chain past it.  No policy: the config's base policy,
-   else an error.
-2. Evaluate the policy's rules against that target (``hw``), the config's
-   model (``model``) and the variant's parameters, in dependency order; a
-   field's value must have the field's type (and be finite: nan and inf have
-   no Python literal).
-3. Validate the record against the target's own limits (the config's
-   checks).  A policy written for one arch can overflow a later one: shared
-   memory is not monotonic in arch (8.0: 163 KB per block, 8.6/8.9: 99 KB).
-4. Collapse: targets of one vendor whose resolved records are equal (by
-   value, neighbours or not) share one instantiation, named after the vendor
-   and a digest of its values (``nvidia_3fa2c1``); it records the lowest arch
-   in the group (CCCL's lowest-CC resolver), which ``show`` and the generated
-   comments state.  The name holds no arch: adding a target of any arch, below
-   every other too, or of a new vendor renames no instantiation whose values
-   did not change.
+For every config variant and every target: (1) chain, as CCCL's ChainedPolicy: the policy of
+the target's vendor with the largest ``min_arch`` <= its arch (vendors never mix; ``max_arch``
+stops a chain; none: the base policy, else an error); (2) evaluate its rules against ``hw``,
+``model`` and the variant's parameters in dependency order, each value of its field's type and
+finite; (3) validate the record against the target's own limits (the config's checks: shared
+memory is not monotonic in arch, 163 KB a block on 8.0, 99 KB on 8.6/8.9); (4) collapse targets
+of one vendor whose records are equal into one instantiation, named after the vendor and a
+digest of its values (``nvidia_3fa2c1``; no arch, so adding a target of any arch or vendor renames
+nothing unchanged), recording the group's lowest arch, which ``show`` and the comments state.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ __all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Se
 # in one step) in slices of this many head_dim columns, one slice a program: fixed, so that no
 # length or bound compiles a new merge kernel.  Against 16 partitions a step over the whole
 # head_dim, 1-3 us less per call at batch 1 and 32k context on an H200
-# (bench/results/h200_explore_decode2.json).
+# (exploration at commit cc8149c).
 _MERGE_BLOCK_P = 64
 _MERGE_BLOCK_D = 64
 # CUDA's limit on a grid's second and third dimensions.

@@ -49,7 +49,7 @@ def _ready_triton() -> None:
     driver builds its C helper module (a compiler subprocess), and the cache key hashes Triton's
     ~500 MB compiler library (file reads and hashlib release the GIL).  Neither needs the other,
     so here they overlap: on the H200 host a cold first matmul call took 1.27-1.49 s instead of
-    1.52-1.86 s (bench/RESULTS.md).  Best effort: where this Triton has no ``triton_key``, only
+    1.52-1.86 s (commit 7611954).  Best effort: where this Triton has no ``triton_key``, only
     the driver is initialised here; where a step fails, the launch does it again and raises
     Triton's own error.
     """

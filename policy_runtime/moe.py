@@ -1,48 +1,17 @@
 """The hand-written half of generated/moe.py: fused MoE's kernel bodies and host side.
 
-generated/moe.py (templates/moe.py.j2) holds what varies with the specs: per distinct bucket
-config of the ``moe_launch`` policy one pair of small ``@triton.jit`` kernels (the up GEMM and
-the down GEMM), which call a body below with the config's constants baked in, and its
-``Variant`` record; each target's buckets and selector; the tables by dtype and target; and the
-public functions, which hand those tables to a ``MoE`` (below).  Everything else is here.
+generated/moe.py holds what varies with the specs (per bucket config a pair of ``@triton.jit``
+kernels, up GEMM and down GEMM, that call a body below with its constants baked in; the bucket
+tables) and hands them to a ``MoE`` (below).  Kernel kinds (a bucket's ``kernel``):
+``grouped``, vLLM's structure (rows sorted and padded per expert to ``block_size_m``, the
+weighted rows summed by fp32 atomics where ``fuse_sum``, else by a reduce in slot order);
+``gemv``, decode without alignment (a row in a 16-row tensor-core tile, the down kernel one
+token a program, summing its k experts in slot order); ``simt``, decode on the CUDA cores
+(slabs of weights in registers, no padding rows: at one token 0.8x the gemv's time on an
+H200), ``chained`` as programmatic dependent launches on Hopper and later.
 
-Kernel kinds (the ``kernel`` field of a bucket):
-
-``grouped``  vLLM's structure.  ``moe_align_block_size`` sorts the T * k routed rows (token t's
-             j-th expert is flat row ``t * k + j``) by expert, stably, each expert's rows padded
-             to a multiple of ``block_size_m``; a tile of the up GEMM is ``block_size_m`` rows of
-             one expert (gathered rows of hidden_states) against ``block_size_n`` columns of both
-             halves of that expert's w1, with SiLU(gate) * up in the epilogue (one rounding,
-             written per flat row); a tile of the down GEMM multiplies those rows by w2 and by
-             their routing weights.  Its weighted rows are then summed per token: with
-             ``fuse_sum`` by fp32 atomic adds into the output (an fp32 accumulator: the order of
-             the k additions varies from run to run), else written per flat row and summed in
-             slot order by a reduce kernel (deterministic).  Blocks past the aligned total, and
-             experts without tokens, launch no work: the grid has at most
-             ``T * k // block_size_m + min(E, T * k)`` row blocks.
-``gemv``     decode: no alignment.  The up kernel computes one flat row per program (a
-             ``block_size_n``-column slab of both halves of its expert's w1), the down kernel one
-             token per program, summing its k experts' weighted products in slot order
-             (``fuse_sum`` always, deterministic).  The row rides in a 16-row tensor-core tile
-             (the rest zero) so that Triton pipelines the weight loads: at a few tokens the GEMMs
-             stream weights, and two launches replace four or five.
-``simt``     decode on the CUDA cores, no alignment.  The up kernel as ``gemv``'s grid: each step
-             loads a ``block_size_n`` x ``block_size_k`` slab of weights into registers and
-             multiplies it by the row elementwise into fp32 accumulators of the slab's shape,
-             reduced over K at the end.  The down kernel: one token a program, a
-             ``down_block_size_k`` chunk of ``down_block_size_n`` rows of all k experts' w2 at
-             once, the next chunk loaded before this one is used; the k sums are weighted and
-             added in a fixed order (deterministic).  No shared memory and no padding rows, so a
-             program is small and several share an SM: at one token, where the tensor-core tile is
-             15/16 padding, the layer ran in 0.8x the gemv's time on an H200.  ``chained``: both
-             are programmatic dependent launches (Hopper and later; ``launch._programmatic``):
-             each is resident before the kernel before it ends, and waits on the device
-             (griddepcontrol) before it reads that kernel's output; topk_softmax lets them start.
-
-Arithmetic is fp32; the up GEMM's activation is rounded once to the input dtype (as vLLM's
-intermediate cache), the output once.  Index arithmetic that reaches into the weights or the
-routed rows is 64-bit.  Names keep their leading underscore where they are the kernel module's
-internals, not API.
+Arithmetic is fp32; the activation is rounded once to the input dtype (as vLLM's intermediate
+cache), the output once.  Index arithmetic into the weights and the routed rows is 64-bit.
 """
 
 from __future__ import annotations
@@ -257,7 +226,7 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     # the row padded to a 16-row tile as in _gemv_up, each step's product weighted in fp32.
     # The next step's expert id and weight are read a step ahead, so that the weight tile's
     # address never waits on a load of the same step (T = 1, qwen36: 19.0 -> 17.8 us on an H200,
-    # bench/results/h200_explore_decode2.json).
+    # exploration at commit cc8149c).
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = (offs_n % N).to(tl.int64)
@@ -314,10 +283,10 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     # registers, one step in flight; STAGES > 1: tl.range has Triton stage every load of the loop
     # through shared memory by cp.async, STAGES - 1 steps ahead (on an H200 at one token, qwen36's
     # 8 x 512 slabs at 3 stages with the down kernel at 2: 28.9 against 30.2 us,
-    # bench/results/h200_explore_decode28.*).  Addresses are base + k0, not pointers carried and
+    # exploration at commit eefc4d2).  Addresses are base + k0, not pointers carried and
     # advanced through the loop: unstaged on 256-element slab rows (the records that run so), 3-4 us
     # less per layer at T = 1 and 4 on both shapes; on 512-element rows unstaged (no record) 1.8 us
-    # more (bench/results/h200_explore_decode29.*).
+    # more (exploration at commit 5e75820).
     # PDL (launched as a programmatic dependent launch): wait until the kernel before (the router)
     # has finished and its writes are visible, then let the down kernel launch; nothing is read
     # before the wait.
@@ -374,7 +343,7 @@ def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     # scale the k sums at the end, added in a fixed order (the same every run).  Against one
     # expert a step, a program keeps k times the bytes in flight: alone at one token on an H200
     # (4 x 128 chunks, 4 warps) 12.4 against 13.1 us (qwen36) and 12.1 against 17.1 us (128
-    # experts x 768) (bench/results/h200_explore_decode11.*).  STAGES 1: the next chunk is loaded
+    # experts x 768) (exploration at commit 52e0da3).  STAGES 1: the next chunk is loaded
     # into registers before this one is used; STAGES > 1: the loop after the first chunk is a
     # tl.range of that depth (its loads staged through shared memory by cp.async, as _simt_up's).
     # PDL: the ids (written by the router, finished before the up kernel let this one launch; read
@@ -510,7 +479,7 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
     # threads, each moving K_BLOCK keys at once.  (Before: k rounds of a row-wide argmax and a
     # removal.  At one token on an H200 the router took 5.5 against 5.9 us alone, and the chained
     # layer 30.1 against 31.0 us (qwen36), 29.6 against 31.0 (128 experts x 768):
-    # bench/results/h200_explore_decode20.*.)
+    # exploration at commit 05ae135.)
     # DeepSeek-V3's routing (vLLM's grouped_topk), each part a constexpr that compiles to nothing
     # when off: HAS_BIAS adds bias[e] to the scores that choose (groups and experts), while the
     # weights are the unbiased scores; GROUPS > 1 splits the experts into GROUPS groups of
@@ -984,11 +953,11 @@ def _route(
     e_block = _launch._pow2ceil(E)
     # Up to 64 tokens a call (decode), one token a program: at T = 1 and 4 (256 experts, top-8) 9.9 ->
     # 6.0 us a call against 16-token, 4-warp tiles on an H200, where the tile's cross-warp
-    # reductions were most of the time (bench/results/h200_explore_decode2.json, the k-round
+    # reductions were most of the time (exploration at commit cc8149c, the k-round
     # top-k).  A warp per 128 experts (4 logits a lane), up to 4: with the one-pass top-k, 256
     # experts on 2 warps took the router 5.3 against 5.6 us and the chained layer at T = 1 about
     # 0.4 us less than on one; 128 experts gained nothing from a second
-    # (bench/results/h200_explore_decode22.*).  Larger calls keep the tiles of up to 4,096 logits.
+    # (exploration at commit 03e74a8).  Larger calls keep the tiles of up to 4,096 logits.
     small = T <= _TOPK_ONE_ROW_MAX_T
     block_t = 1 if small else max(1, min(64, 4096 // e_block))
     warps = min(4, max(1, e_block // 128)) if small else 4

@@ -2,19 +2,14 @@
 launch cost off the clock, and interleaved rounds against a reference.
 
 ``gpu_ms`` exists because ``triton.testing.do_bench`` records its start event right after the L2
-flush: when a launch takes the host longer than the flush takes the GPU (a Python launch path on a
-slow host), the GPU idles between the two and the idle time is counted as kernel time.  On
-2026-11-30 one H200 host launched torch.matmul in 22 us and matmul_triton in 48 us (another, 15 and
-29 us): there do_bench put the 20 us decode kernels at 0.78x cuBLAS, against 1.03x on the faster
-host.  Host overhead is a separate measurement in each benchmark.
+flush: where a launch takes the host longer than the flush takes the GPU, the idle gap counts as
+kernel time (on a slow H200 host it put 20 us decode kernels at 0.78x cuBLAS, 1.03x on a fast one).
+Host overhead is a separate measurement in each benchmark.
 
-The flush reads 256 MiB rather than writing it (do_bench zeroes its buffer).  A write leaves the L2
-full of dirty lines, and the timed kernel's first misses must write them back to memory first: on
-2026-12-01, on an H200, a plain 88 MiB read took 32.1 us after a zeroing flush and 24.5-25.3 us after
-a reading one (25.3 after both, so it is the dirty lines, not the flush's own traffic); every
-memory-bound kernel of this project lost 7-9 us to it, its copy baselines 2-4 us
-(bench/results/h200_explore_decode6.{json,log}).  A read leaves the L2 as cold and clean, as a
-serving step finds it after kernels that read weights and write little.
+The flush reads 256 MiB where do_bench zeroes its buffer: a write leaves the L2 full of
+dirty lines that the timed kernel's first misses must write back (a plain 88 MiB read on an H200:
+32.1 us after a zeroing flush, 24.5-25.3 us after a reading one; commit b5f8179).  A read leaves the
+L2 cold and clean, as a serving step finds it after kernels that read weights and write little.
 """
 
 from __future__ import annotations
@@ -99,8 +94,8 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 def round_order(names: list[str], r: int) -> list[str]:
     """The order of round r: rotated by r // 2, reversed in odd rounds, so that over 2 x len(names)
     rounds every method runs exactly twice in every position.  Plain forward/backward alternation
-    kept the middle method (the reference, in bench/matmul.py) in the middle every round; on
-    2026-11-30 a 17 us cuBLAS call timed there ran 5% faster than the same call timed first or last."""
+    kept the middle method (the reference, in bench/matmul.py) in the middle every round, where a
+    17 us cuBLAS call ran 5% faster than the same call timed first or last."""
     k = (r // 2) % len(names)
     order = names[k:] + names[:k]
     return order[::-1] if r % 2 else order

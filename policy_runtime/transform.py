@@ -456,7 +456,7 @@ def _plan_rms_norm(n_rows: int, N: int, esize: int, has_res: bool, cfg: Any) -> 
         # two 16-byte vectors per thread over the row.  On the H200 (bf16, 16384 rows) this ran
         # hidden 4096 at 3.95 TB/s against 3.86 for the row kept in registers, and hidden 8192
         # at 4.17 TB/s (the device copy's rate) with the row length a compile-time constant,
-        # 4.13 without (bench/RESULTS.md).  Rows past _RMS_MAX_BLOCK_N keep N at run time.
+        # 4.13 without (commit eceb570).  Rows past _RMS_MAX_BLOCK_N keep N at run time.
         chunk = min(_pow2floor(max(vec, cfg.tile_bytes // esize)), _RMS_MAX_BLOCK_N, block_n)
         w = _pow2floor(max(1, N // (2 * vec * cfg.warp_size)))
         w = max(1, min(w, cfg.max_warps, chunk // (vec * cfg.warp_size)))

@@ -68,6 +68,45 @@ def kernel_summary(c: dict[str, Any]) -> str:
     return ", ".join(parts) + "."
 
 
+def share_tables(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Policies of one variant with the same bucket names and bounds share one table: the one that
+    the others differ from least is written out, and each other that differs in at most half of
+    them (a part's amends of its arch's policy) lists only the buckets where it differs, the runs of equal buckets as slices of the shared table (``*_BASE[1:8]``), and selects
+    through the shared selector.  The order puts every shared table before those reading it."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for p in policies:
+        layout = (p["variant"], tuple((b["name"], b["condition"]) for b in p["buckets"]))
+        groups.setdefault(layout, []).append(p)
+    for p in policies:
+        p.update(base=None, parts=None, shared=False, amended=[])
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+
+        def differing(p: dict[str, Any], base: dict[str, Any]) -> list[int]:
+            return [i for i, (b, s) in enumerate(zip(p["buckets"], base["buckets"])) if b != s]
+
+        base = min(group, key=lambda b: sum(len(differing(p, b)) for p in group))
+        for p in group:
+            diff = differing(p, base)
+            if p is base or 2 * len(diff) > len(p["buckets"]):  # mostly its own: written out
+                continue
+            base["shared"] = True
+            p["base"] = base["name"]
+            p["amended"] = [p["buckets"][i]["name"] for i in diff]
+            parts: list[dict[str, Any]] = []
+            for i, b in enumerate(p["buckets"]):
+                if i in diff:
+                    parts.append({"bucket": b, "start": None})
+                elif parts and parts[-1]["start"] is not None:
+                    parts[-1]["stop"] = i + 1
+                    parts[-1]["names"].append(b["name"])
+                else:
+                    parts.append({"bucket": None, "start": i, "stop": i + 1, "names": [b["name"]]})
+            p["parts"] = parts
+    return sorted(policies, key=lambda p: p["base"] is not None)
+
+
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
     kernels: dict[str, dict[str, Any]] = {}
 
@@ -132,6 +171,7 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
             )
             selectors[inst["symbol"]] = pname
         tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
+    policies = share_tables(policies)
     # Pointer kernels first, so a TMA kernel's record can name its fallback.
     ordered = sorted(kernels.values(), key=lambda k: (k["kind"] == "tma_persistent", k["name"]))
     for k in ordered:

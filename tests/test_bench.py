@@ -73,26 +73,6 @@ def test_membound_bench_smoke(tmp_path):
     assert rope and all("pattern_copy_tbps" in e for e in rope)
 
 
-def test_matmul_sweep_smoke(tmp_path):
-    """Every smoke candidate (each kernel kind, split-K, the flattened TMA loop with a split
-    epilogue) computes the right product on every smoke shape and is timed against the policy."""
-    out = run_bench("sweep_matmul.py", tmp_path).stdout
-    result = json.loads((tmp_path / "sweep_matmul.json").read_text())
-    assert [s["shape"] for s in result["shapes"]] == [[33, 72, 48], [130, 96, 304], [5, 200, 72]]
-    for shape in result["shapes"]:
-        assert shape["failed"] == {}, shape["failed"]
-        timed = set(shape["timed"])
-        assert {"cublas", "grp:32x32x32:w4s1", "sm:16x32x64:w4s2:sk2", "tma:32x32x32:w4s2:pSM:fl:epi2"} <= timed
-        assert any(name.startswith("policy (") for name in timed)
-    assert "FAILED" not in out
-
-
-def test_matmul_sweep_rejects_a_bad_candidate_before_running(tmp_path):
-    proc = run_bench("sweep_matmul.py", tmp_path, "--candidates", "grp:64x64:w4s3", code=2)
-    assert "bad candidate 'grp:64x64:w4s3'" in proc.stderr
-    assert "cublas" not in proc.stdout  # nothing was timed
-
-
 def test_attention_bench_smoke(tmp_path):
     """Every phase of bench/attention.py ran on its smoke shapes, each case checked before it was
     timed: prefill (causal and not, both head dims, equal and ragged batches) against SDPA, decode

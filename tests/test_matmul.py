@@ -161,6 +161,17 @@ def test_h200_bucket_selection(shape, bucket, library, eager_library):
         assert (chosen.name, chosen.library, chosen.eager_library) == (bucket, library, eager_library)
 
 
+def test_h200_table_holds_only_its_amends_of_the_shared_one():
+    # h200's policy amends nvidia>=90's four buckets; the other seven are h100's own objects
+    # (slices of the shared table), not copies, and h200 selects through the shared bounds.
+    for dtype in (torch.bfloat16, torch.float32):
+        h100, h200 = mm.buckets("h100", dtype), mm.buckets("h200", dtype)
+        assert [b.name for b in h100] == [b.name for b in h200]
+        own = [b.name for b, s in zip(h200, h100) if b is not s]
+        assert own == ["decode_wide", "wide", "deep", "large"]
+        assert all(b == s for b, s in zip(h200, h100) if b.name not in own)
+
+
 @pytest.mark.parametrize(
     "shape, bucket, library",
     [((5120, 11008, 2048), "mlp_up", False), ((5120, 11008, 9000), "any", True), ((5120, 2048, 2048), "any", True)],

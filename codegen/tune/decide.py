@@ -1,23 +1,13 @@
 """Stage 3 of ``codegen tune``: results -> one verdict per bucket, from the results alone.
 
 ``tune`` (any number of workers) and ``tune merge`` (files from any number of hosts) decide with
-this one function on the same data, so they write the same specs.
-
-Per bucket:
-
-* A candidate counts if it was measured on every shape of its bucket and passed its checks on
-  each; its score is the geometric mean over the shapes of incumbent time / its time (each the
-  median of per-round ratios).  Disqualified candidates are listed with why; they never win.
-* The spread of a candidate is the largest measured run-to-run deviation of the incumbent
-  against itself in the chunk it was measured in (over the bucket's shapes).
-* The best-scoring candidate replaces the incumbent only if its score exceeds 1 + its spread.
-  Ties: the higher score, then the smaller key (stable across hosts).
-* Backend (where the family declares one): a bucket served by the library moves to the kernel
-  when the kept kernel (winner or incumbent) beats the library by more than the spread; a bucket
-  served by the kernel moves to the library when the library beats it by more than the spread.
-  Values listed in ``keep`` are never changed, nor is the backend of a bucket whose kernel takes
-  less than ``min_kernel_us`` on some shape (there host launch time, which is not measured here,
-  decides).
+this one function on the same data, so they write the same specs.  Per bucket: a candidate
+measured and correct on every shape scores the geometric mean of incumbent time / its time; its
+spread is the incumbent's largest deviation against itself in its chunk; the best replaces the
+incumbent only past 1 + spread (ties: higher score, then smaller key).  A backend (where the
+family has one) flips only when the other side wins by more than the spread, never for values
+in ``keep`` nor where a kernel takes less than ``min_kernel_us`` on some shape (there host launch
+time, not measured here, decides).
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Stage 2 of ``codegen tune``: run one shard of a plan on the device at hand.
 
-For each chunk of the shard (a bucket and up to ``chunk`` candidates), on each of the bucket's
-shapes, through the family's harness (``[<config>.tune] harness``):
-
-1. Correctness first.  The incumbent and every candidate run twice into a NaN-filled output
-   (the second run catches state a first one leaves behind, such as split-K counters); a
-   relative error above the spec's ``tolerance``, a NaN, or an exception (a config that does
-   not compile or launch) disqualifies the candidate, and the results file says why.
-2. GPU time (policy_runtime/timing.py, the benchmarks' method): every passing candidate, the
-   incumbent twice and the vendor library, in ``rounds`` interleaved rounds whose order rotates
-   so every method runs in every position; each timing is the median of several runs, each
-   after an L2 flush.  Per candidate: the median over rounds of incumbent time / candidate
-   time and of library time / candidate time.  The spread: the largest per-round deviation of
-   the incumbent against its own second copy.
-
-Each finished chunk is one JSON line appended (and fsync'd) to the shard's results file, so a
-killed run resumes where it stopped.  Past the budget, no new chunk starts.
-
-Imports torch and the harness: only the ``tune`` command (never ``build``) reaches this module.
+Per chunk (a bucket and up to ``chunk`` candidates), on each of the bucket's shapes, through the
+family's harness: correctness first (two runs into a NaN-filled output; an error past the
+spec's ``tolerance``, a NaN or an exception disqualifies, and the results file says why); then
+GPU time (policy_runtime/timing.py) of every passing candidate, the incumbent twice and the
+library in ``rounds`` interleaved rounds, per candidate the median of per-round ratios, the
+spread the incumbent's largest deviation against its second copy.  Each finished chunk is one
+JSON line appended (fsync'd) to the results file, so a killed run resumes; past the budget no
+chunk starts.  Imports torch and the harness: only ``tune`` (never ``build``) reaches it.
 """
 
 from __future__ import annotations
