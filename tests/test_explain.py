@@ -45,7 +45,10 @@ def test_explain_refuses_unknown_names_with_exit_2():
         (("explain", "attn", "x", "--hw", "h200"), "unknown config or variant 'attn'"),
         (("explain", "attention", "nope", "--hw", "h200"), "AttentionConfig has no field 'nope'"),
         (("explain", "attention", "triton_block_n", "--hw", "h300"), "unknown hardware 'h300'"),
-        (("explain", "moe", "block_size_m", "--hw", "h200", "--model", "llama31_8b"), "resolved for models qwen36"),
+        (
+            ("explain", "moe", "block_size_m", "--hw", "h200", "--model", "llama31_8b"),
+            "resolved for models deepseek_v3, gpt_oss_20b, qwen36, not 'llama31_8b'",
+        ),
         (("explain", "atention", "x", "--hw", "h200"), "did you mean 'attention'?"),
         (("explain", "moe", "block_sise_m", "--hw", "h200"), "did you mean 'block_size_m'?"),
         (("explain", "moe", "block_size_m", "--hw", "H200"), "unknown hardware 'H200' (--hw); known: a10, a100, b200"),
