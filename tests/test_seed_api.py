@@ -108,7 +108,7 @@ def test_selectors_give_other_models_records_and_name_the_known_ones(D):
     # grid): on the H200, 128 rows * 96 * 2 B * 2 (K, V) * 2 stages = 98,304 B fit its 227 KB.
     other = D.select_attention_config("h200", 2, 96, 4096, 2)
     assert (other.triton_block_n, other.triton_num_warps, other.triton_num_stages) == (128, 8, 2)
-    assert other.pytorch_decode_threshold == 4096  # the model's max_seq_len: no fallback
+    assert other.pytorch_decode_threshold == 2**31 - 16  # no fallback: every length on the kernels
 
 
 def test_helpers_default_their_limits_from_the_default_target(seed, D):

@@ -779,7 +779,7 @@ def test_options_that_name_or_size_something_are_checked(fake, tmp_path):
         (["--budget", "0"], "--budget 0: must be a positive number of seconds"),
         (["--devices", ","], "--devices ',': give distinct GPU ids"),
         (["--devices", "0,0"], "--devices '0,0': give distinct GPU ids"),
-        (["--model", "nosuch"], "--model nosuch: no such model spec (known: llama31_8b, qwen36)"),
+        (["--model", "nosuch"], "--model nosuch: no such model spec (known: deepseek_v3, gemma2_9b, gpt_oss_20b, llama31_8b, qwen36)"),
         (["--shard", "0/2", "--dry-run"], "--shard writes only its results file"),
         (["--shapes", "1x2"], "shape 1x2: give one value per dimension (m, n, k)"),
         (["--buckets", "small"], "--buckets goes with --space"),
