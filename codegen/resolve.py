@@ -54,22 +54,17 @@ def resolve(tree: SpecTree) -> Resolution:
     found: list[tuple[SpecProblem, Config, str]] = []
     hw_ns = {hw.name: hw_namespace(hw) for hw in tree.hardware}
     out: list[VariantResolution] = []
+    # Variants of equal parameters (attention_fp16 and attention_bf16: dtype_bytes = 2) resolve
+    # alike: each (config, parameters, model) is evaluated once.
+    done: dict[tuple, tuple[list, dict[str, Resolved], dict[str, tuple[str, ...]]]] = {}
     for cfg in tree.configs:
         for variant in sorted(cfg.variants):
             for model in cfg.models or (None,):
                 params = cfg.variants[variant]
-                problems: list = []  # SpecProblems and _CheckFailures
-                resolved: dict[str, Resolved] = {}
-                unserved: dict[str, tuple[str, ...]] = {}
-                scope = model_scope(tree, model)
-                for hw in tree.hardware:
-                    missing = missing_features(cfg, hw)
-                    if missing:
-                        unserved[hw.name] = missing
-                        continue
-                    r = _resolve_one(cfg, params, hw, hw_ns[hw.name], scope, problems)
-                    if r is not None:
-                        resolved[hw.name] = r
+                key = (cfg.name, tuple(sorted((k, repr(v)) for k, v in params.items())), model)
+                if key not in done:
+                    done[key] = _resolve_targets(tree, cfg, params, model, hw_ns)
+                problems, resolved, unserved = done[key]
                 found += [(p, cfg, variant) for p in _merge_targets(cfg, problems)]
                 if not problems:
                     vr = _collapse(cfg, variant, model, params, resolved, tree)
@@ -77,6 +72,26 @@ def resolve(tree: SpecTree) -> Resolution:
     if found:
         raise SpecErrors(_merge_variants(found))
     return Resolution(tree=tree, variants=tuple(out))
+
+
+def _resolve_targets(
+    tree: SpecTree, cfg: Config, params: Mapping[str, Any], model: str | None, hw_ns: Mapping[str, Any]
+) -> tuple[list, dict[str, Resolved], dict[str, tuple[str, ...]]]:
+    """One variant's parameters and model on every target: the problems found (SpecProblems and
+    _CheckFailures), the records of the targets served and the features the others lack."""
+    problems: list = []
+    resolved: dict[str, Resolved] = {}
+    unserved: dict[str, tuple[str, ...]] = {}
+    scope = model_scope(tree, model)
+    for hw in tree.hardware:
+        missing = missing_features(cfg, hw)
+        if missing:
+            unserved[hw.name] = missing
+            continue
+        r = _resolve_one(cfg, params, hw, hw_ns[hw.name], scope, problems)
+        if r is not None:
+            resolved[hw.name] = r
+    return problems, resolved, unserved
 
 
 def missing_features(cfg: Config, hw: Hardware) -> tuple[str, ...]:
