@@ -52,6 +52,33 @@ def literal(value: Any) -> str:
 LINE_LENGTH = 100
 
 
+def bucket_row(bucket: dict[str, Any], kernel: str, **extra: Any) -> dict[str, Any]:
+    """A bucketed instantiation's bucket as a family's selector prints it: its index and name, the
+    kernel serving it, its conditions joined for an ``if`` and for a comment, its note, and what the
+    family adds (``extra``)."""
+    bounds = bucket["conditions"]
+    return {
+        "index": bucket["index"],
+        "name": bucket["name"],
+        **extra,
+        "kernel": kernel,
+        "condition": " and ".join(bounds),
+        "bounds": ", ".join(bounds) or "any shape",
+        "note": bucket["note"],
+    }
+
+
+def policy_row(name: str, variant: dict[str, Any], inst: dict[str, Any], buckets: list) -> dict[str, Any]:
+    """A bucketed instantiation as a family's module names it: its table of bucket rows."""
+    return {
+        "name": name,
+        "variant": variant["name"],
+        "origin": inst["origin"],
+        "targets": inst["targets"],
+        "buckets": buckets,
+    }
+
+
 def keyword_arguments(values: dict[str, Any], indent: int = 8) -> str:
     """``NAME=literal, ...`` for a call a template lays out itself (``# fmt: skip``), indented by
     ``indent`` and wrapped between arguments to fit generated code's line length, with room for

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codegen.context import keyword_arguments, literal
+from codegen.context import bucket_row, keyword_arguments, literal, policy_row
 from policy_runtime.matmul_constexprs import body_constants, fallback_record
 
 # Record fields that become a Triton kernel's constants (the rest choose the backend).
@@ -146,29 +146,16 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
                 rec = b["record"]
                 consts = {f: rec[f] for f in KERNEL_FIELDS}
                 kname = kernel_for(tag, dtype_bytes, consts, f"{pname} {b['name']}")
-                bounds = b["conditions"]
                 buckets.append(
-                    {
-                        "index": b["index"],
-                        "name": b["name"],
-                        "library": rec["backend"] == "library",
-                        "eager_library": rec["backend"] == "triton_in_graphs",
-                        "served_by": SERVED_BY[rec["backend"]],
-                        "kernel": kname,
-                        "condition": " and ".join(bounds),
-                        "bounds": ", ".join(bounds) or "any shape",
-                        "note": b["note"],
-                    }
+                    bucket_row(
+                        b,
+                        kname,
+                        library=rec["backend"] == "library",
+                        eager_library=rec["backend"] == "triton_in_graphs",
+                        served_by=SERVED_BY[rec["backend"]],
+                    )
                 )
-            policies.append(
-                {
-                    "name": pname,
-                    "variant": variant["name"],
-                    "origin": inst["origin"],
-                    "targets": inst["targets"],
-                    "buckets": buckets,
-                }
-            )
+            policies.append(policy_row(pname, variant, inst, buckets))
             selectors[inst["symbol"]] = pname
         tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
     policies = share_tables(policies)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codegen.context import keyword_arguments, literal
+from codegen.context import bucket_row, keyword_arguments, literal, policy_row
 from policy_runtime.scaled_mm_constexprs import body_constants
 
 # Record fields that become the kernel's constants and launch options.
@@ -54,26 +54,8 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
                     },
                 )
                 entry["users"].append(f"{pname} {b['name']}")
-                bounds = b["conditions"]
-                buckets.append(
-                    {
-                        "index": b["index"],
-                        "name": b["name"],
-                        "kernel": kname,
-                        "condition": " and ".join(bounds),
-                        "bounds": ", ".join(bounds) or "any shape",
-                        "note": b["note"],
-                    }
-                )
-            policies.append(
-                {
-                    "name": pname,
-                    "variant": variant["name"],
-                    "origin": inst["origin"],
-                    "targets": inst["targets"],
-                    "buckets": buckets,
-                }
-            )
+                buckets.append(bucket_row(b, kname))
+            policies.append(policy_row(pname, variant, inst, buckets))
             selectors[inst["symbol"]] = pname
         tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
         for target, missing in variant["unserved"]:
