@@ -12,7 +12,7 @@ holds it to the context built here).
 from __future__ import annotations
 
 import textwrap
-from typing import Any
+from typing import Any, Callable
 
 from .records import SpecTree
 from . import emit_rules
@@ -52,31 +52,50 @@ def literal(value: Any) -> str:
 LINE_LENGTH = 100
 
 
-def bucket_row(bucket: dict[str, Any], kernel: str, **extra: Any) -> dict[str, Any]:
-    """A bucketed instantiation's bucket as a family's selector prints it: its index and name, the
-    kernel serving it, its conditions joined for an ``if`` and for a comment, its note, and what the
-    family adds (``extra``)."""
-    bounds = bucket["conditions"]
-    return {
-        "index": bucket["index"],
-        "name": bucket["name"],
-        **extra,
-        "kernel": kernel,
-        "condition": " and ".join(bounds),
-        "bounds": ", ".join(bounds) or "any shape",
-        "note": bucket["note"],
-    }
-
-
-def policy_row(name: str, variant: dict[str, Any], inst: dict[str, Any], buckets: list) -> dict[str, Any]:
-    """A bucketed instantiation as a family's module names it: its table of bucket rows."""
-    return {
-        "name": name,
-        "variant": variant["name"],
-        "origin": inst["origin"],
-        "targets": inst["targets"],
-        "buckets": buckets,
-    }
+def bucketed_policies(
+    config: dict[str, Any], kernel_for: Callable[[str, dict[str, Any], str, dict[str, Any]], tuple[str, dict[str, Any]]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A bucketed config's instantiations as a family's module names them.  Policies: per variant
+    and instantiation ``{"name": "<tag>_<suffix>", "variant", "origin", "targets", "buckets"}``
+    (``tag``: the variant's name less ``<config>_``), each bucket ``{"index", "name", "kernel",
+    "condition" (for an ``if``), "bounds" (for a comment), "note"}`` plus the fields the family
+    adds: ``kernel_for(tag, variant, user, bucket)`` returns the kernel's name and those fields
+    (``user``: ``"<policy> <bucket>"``).  Tables: per variant ``{"variant", "table": [(target,
+    policy name)]}``."""
+    policies: list[dict[str, Any]] = []
+    tables: list[dict[str, Any]] = []
+    for variant in config["variants"].values():
+        tag = variant["name"].removeprefix(config["name"] + "_")
+        selectors = {}
+        for inst in variant["instantiations"]:
+            pname = f"{tag}_{inst['suffix']}"
+            buckets = []
+            for b in inst["buckets"]:
+                kernel, extra = kernel_for(tag, variant, f"{pname} {b['name']}", b)
+                bounds = b["conditions"]
+                buckets.append(
+                    {
+                        "index": b["index"],
+                        "name": b["name"],
+                        **extra,
+                        "kernel": kernel,
+                        "condition": " and ".join(bounds),
+                        "bounds": ", ".join(bounds) or "any shape",
+                        "note": b["note"],
+                    }
+                )
+            policies.append(
+                {
+                    "name": pname,
+                    "variant": variant["name"],
+                    "origin": inst["origin"],
+                    "targets": inst["targets"],
+                    "buckets": buckets,
+                }
+            )
+            selectors[inst["symbol"]] = pname
+        tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
+    return policies, tables
 
 
 def keyword_arguments(values: dict[str, Any], indent: int = 8) -> str:
@@ -325,9 +344,7 @@ def rules_data(resolution: Resolution, name: str) -> dict[str, Any]:
                 "statements": fn.statements,
             }
         )
-    chain = [
-        (p.vendor, p.min_arch, p.max_arch, p.targets, emit_rules.function_name(cfg, p)) for p in cfg.policies
-    ]
+    chain = [(p.vendor, p.min_arch, p.max_arch, p.targets, emit_rules.function_name(cfg, p)) for p in cfg.policies]
     return {
         "functions": functions,
         "chain": chain,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codegen.context import bucket_row, keyword_arguments, literal, policy_row
+from codegen.context import bucketed_policies, keyword_arguments, literal
 from policy_runtime.matmul_constexprs import body_constants, fallback_record
 
 # Record fields that become a Triton kernel's constants (the rest choose the backend).
@@ -133,31 +133,17 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
             entry["fallback"] = kernel_for(tag, dtype_bytes, fb, f"{user} (non-TMA operands)")
         return name
 
-    policies = []
-    tables = []
-    for variant in ctx["configs"]["matmul"]["variants"].values():
-        tag = variant["name"].removeprefix("matmul_")
-        dtype_bytes = variant["params"]["dtype_bytes"]
-        selectors = {}
-        for inst in variant["instantiations"]:
-            pname = f"{tag}_{inst['suffix']}"
-            buckets = []
-            for b in inst["buckets"]:
-                rec = b["record"]
-                consts = {f: rec[f] for f in KERNEL_FIELDS}
-                kname = kernel_for(tag, dtype_bytes, consts, f"{pname} {b['name']}")
-                buckets.append(
-                    bucket_row(
-                        b,
-                        kname,
-                        library=rec["backend"] == "library",
-                        eager_library=rec["backend"] == "triton_in_graphs",
-                        served_by=SERVED_BY[rec["backend"]],
-                    )
-                )
-            policies.append(policy_row(pname, variant, inst, buckets))
-            selectors[inst["symbol"]] = pname
-        tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
+    def bucket_kernel(tag: str, variant: dict[str, Any], user: str, bucket: dict[str, Any]) -> tuple[str, dict]:
+        rec = bucket["record"]
+        consts = {f: rec[f] for f in KERNEL_FIELDS}
+        kname = kernel_for(tag, variant["params"]["dtype_bytes"], consts, user)
+        return kname, {
+            "library": rec["backend"] == "library",
+            "eager_library": rec["backend"] == "triton_in_graphs",
+            "served_by": SERVED_BY[rec["backend"]],
+        }
+
+    policies, tables = bucketed_policies(ctx["configs"]["matmul"], bucket_kernel)
     policies = share_tables(policies)
     # Pointer kernels first, so a TMA kernel's record can name its fallback.
     ordered = sorted(kernels.values(), key=lambda k: (k["kind"] == "tma_persistent", k["name"]))

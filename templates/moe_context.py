@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codegen.context import bucket_row, keyword_arguments, literal, policy_row
+from codegen.context import bucketed_policies, keyword_arguments, literal
 from policy_runtime.moe_constexprs import body_constants
 
 # Record fields that become the kernels' constants (every field of a moe_launch record).
@@ -93,36 +93,27 @@ def kernel_summary(c: dict[str, Any]) -> str:
 
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
     kernels: dict[str, dict[str, Any]] = {}
-    policies = []
-    tables = []
-    for variant in ctx["configs"]["moe_launch"]["variants"].values():
-        tag = variant["name"].removeprefix("moe_launch_")
-        dtype_bytes = variant["params"]["dtype_bytes"]
-        selectors = {}
-        for inst in variant["instantiations"]:
-            pname = f"{tag}_{inst['suffix']}"
-            buckets = []
-            for b in inst["buckets"]:
-                consts = {f: b["record"][f] for f in KERNEL_FIELDS}
-                kname = kernel_name(tag, consts)
-                entry = kernels.setdefault(
-                    kname,
-                    {
-                        "name": kname,
-                        "kind": consts["kernel"],
-                        "c": consts,
-                        # Each kernel's body and the constants its wrapper passes (shared with
-                        # codegen tune's harness, policy_runtime/moe_tune.py).
-                        "bodies": body_constants(consts, dtype_bytes),
-                        "summary": kernel_summary(consts),
-                        "users": [],
-                    },
-                )
-                entry["users"].append(f"{pname} {b['name']}")
-                buckets.append(bucket_row(b, kname))
-            policies.append(policy_row(pname, variant, inst, buckets))
-            selectors[inst["symbol"]] = pname
-        tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
+
+    def kernel_for(tag: str, variant: dict[str, Any], user: str, bucket: dict[str, Any]) -> tuple[str, dict]:
+        consts = {f: bucket["record"][f] for f in KERNEL_FIELDS}
+        kname = kernel_name(tag, consts)
+        entry = kernels.setdefault(
+            kname,
+            {
+                "name": kname,
+                "kind": consts["kernel"],
+                "c": consts,
+                # Each kernel's body and the constants its wrapper passes (shared with
+                # codegen tune's harness, policy_runtime/moe_tune.py).
+                "bodies": body_constants(consts, variant["params"]["dtype_bytes"]),
+                "summary": kernel_summary(consts),
+                "users": [],
+            },
+        )
+        entry["users"].append(user)
+        return kname, {}
+
+    policies, tables = bucketed_policies(ctx["configs"]["moe_launch"], kernel_for)
     ordered = sorted(kernels.values(), key=lambda k: k["name"])
     # The kernel bodies the module imports: those some bucket's kernels call.
     bodies = sorted({body for k in ordered for body, _ in k["bodies"].values()})

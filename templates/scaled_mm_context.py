@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from codegen.context import bucket_row, keyword_arguments, literal, policy_row
+from codegen.context import bucketed_policies, keyword_arguments, literal
 from policy_runtime.scaled_mm_constexprs import body_constants
 
 # Record fields that become the kernel's constants and launch options.
@@ -26,40 +26,31 @@ def kernel_name(tag: str, c: dict[str, Any]) -> str:
 
 
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
+    config = ctx["configs"]["scaled_mm"]
     kernels: dict[str, dict[str, Any]] = {}
-    policies = []
-    tables = []
-    unserved: dict[str, str] = {}
-    for variant in ctx["configs"]["scaled_mm"]["variants"].values():
-        tag = variant["name"].removeprefix("scaled_mm_")
-        selectors = {}
-        for inst in variant["instantiations"]:
-            pname = f"{tag}_{inst['suffix']}"
-            buckets = []
-            for b in inst["buckets"]:
-                consts = {f: b["record"][f] for f in KERNEL_FIELDS}
-                kname = kernel_name(tag, consts)
-                entry = kernels.setdefault(
-                    kname,
-                    {
-                        "name": kname,
-                        "summary": (
-                            f"{consts['block_m']}x{consts['block_n']}x{consts['block_k']} FP8 tiles, "
-                            f"{consts['num_warps']} warps, {consts['num_stages']} stages"
-                        ),
-                        "body": body_constants(consts)[0],
-                        "constants": keyword_arguments(body_constants(consts)[1]),
-                        "literal": {f: literal(v) for f, v in {**consts, "name": kname}.items()},
-                        "users": [],
-                    },
-                )
-                entry["users"].append(f"{pname} {b['name']}")
-                buckets.append(bucket_row(b, kname))
-            policies.append(policy_row(pname, variant, inst, buckets))
-            selectors[inst["symbol"]] = pname
-        tables.append({"variant": variant["name"], "table": [(t, selectors[s]) for t, s in variant["table"]]})
-        for target, missing in variant["unserved"]:
-            unserved[target] = missing
+
+    def kernel_for(tag: str, variant: dict[str, Any], user: str, bucket: dict[str, Any]) -> tuple[str, dict]:
+        consts = {f: bucket["record"][f] for f in KERNEL_FIELDS}
+        kname = kernel_name(tag, consts)
+        entry = kernels.setdefault(
+            kname,
+            {
+                "name": kname,
+                "summary": (
+                    f"{consts['block_m']}x{consts['block_n']}x{consts['block_k']} FP8 tiles, "
+                    f"{consts['num_warps']} warps, {consts['num_stages']} stages"
+                ),
+                "body": body_constants(consts)[0],
+                "constants": keyword_arguments(body_constants(consts)[1]),
+                "literal": {f: literal(v) for f, v in {**consts, "name": kname}.items()},
+                "users": [],
+            },
+        )
+        entry["users"].append(user)
+        return kname, {}
+
+    policies, tables = bucketed_policies(config, kernel_for)
+    unserved = {target: missing for variant in config["variants"].values() for target, missing in variant["unserved"]}
     return {
         "kernels": [kernels[k] for k in sorted(kernels)],
         "bodies": sorted({k["body"] for k in kernels.values()}),
