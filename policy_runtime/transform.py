@@ -477,6 +477,19 @@ def _plan_rms_norm(n_rows: int, N: int, esize: int, has_res: bool, cfg: Any) -> 
 # SiLU and mul
 
 
+@triton.jit
+def _gated_tile(n_rows, d, n_col_blocks, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # This program's (row block, column block) of a [BLOCK_R, BLOCK_D] output tile of the gated
+    # activations: its column block, int64 rows, columns and the in-bounds mask.
+    pid = tl.program_id(0)
+    pr = pid // n_col_blocks
+    pc = pid - pr * n_col_blocks
+    rows = (pr * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = pc * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    return pc, rows, cols, mask
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _silu_and_mul_kernel(
     x_ptr,
@@ -490,12 +503,7 @@ def _silu_and_mul_kernel(
 ):
     # Program (row block, column block) of a [BLOCK_R, BLOCK_D] output tile; the two halves
     # of x are two vector loads, at ptr and ptr + d.
-    pid = tl.program_id(0)
-    pr = pid // n_col_blocks
-    pc = pid - pr * n_col_blocks
-    rows = (pr * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    cols = pc * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    _, rows, cols, mask = _gated_tile(n_rows, d, n_col_blocks, BLOCK_R, BLOCK_D)
     a_ptrs = x_ptr + (rows * x_stride)[:, None] + cols[None, :]
     a = tl.load(a_ptrs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(a_ptrs + d, mask=mask, other=0.0).to(tl.float32)
@@ -542,12 +550,7 @@ def _act_and_mul_kernel(
     # pairs (gate, up) = (x[2i], x[2i + 1]), one contiguous load de-interleaved in registers,
     # gate clamped above at limit, up to [-limit, limit], gate * sigmoid(alpha * gate) * (up + 1);
     # 2: x[:d] * silu(x[d:]).
-    pid = tl.program_id(0)
-    pr = pid // n_col_blocks
-    pc = pid - pr * n_col_blocks
-    rows = (pr * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    cols = pc * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    pc, rows, cols, mask = _gated_tile(n_rows, d, n_col_blocks, BLOCK_R, BLOCK_D)
     if ACT == 1:
         j = pc * 2 * BLOCK_D + tl.arange(0, 2 * BLOCK_D)
         pair = tl.load(
