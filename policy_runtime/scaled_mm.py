@@ -289,31 +289,37 @@ class ScaledMm(PolicyTables):
     target's ``Policy``) and the targets it does not serve (target -> the feature they lack)."""
 
     unserved: Mapping[str, str] = field(default_factory=dict)
+    # The variant whose tiles serve 128-block scales (variant_of_dtype's serve the outer ones).
+    block_variant: str = ""
 
     def served_target(self, op: str, hw: Any, device: Any) -> str:
         target = self.target_name(hw, device)
         missing = self.unserved.get(target)
         if missing is not None:
-            served = sorted(self.policies[self.variant_of_dtype[INPUT_DTYPES[0]]])
+            served = sorted(self.policies[self.variant(False)])
             raise ValueError(
                 f"{op}: target {target!r} has no {missing} (specs/hardware/{target}.toml), which "
                 f"specs/kernels/scaled_mm.toml requires; served targets: {', '.join(served)}"
             )
         return target
 
-    def policy(self, dtype: Any, hw: Any, device: Any) -> Policy:
-        target = self.served_target("scaled_mm", hw, device)
-        return self.policies[self.variant_of_dtype[dtype]][target]
+    def variant(self, block_scales: bool) -> str:
+        """The variant whose tiles serve a call with block scales or with outer ones."""
+        return self.block_variant if block_scales else self.variant_of_dtype[INPUT_DTYPES[0]]
 
-    def select(self, M: int, N: int, K: int, hw: Any, device: Any) -> Bucket:
-        return self.policy(INPUT_DTYPES[0], hw, device)[1](M, N, K)
+    def policy(self, variant: str, hw: Any, device: Any) -> Policy:
+        target = self.served_target("scaled_mm", hw, device)
+        return self.policies[variant][target]
+
+    def select(self, M: int, N: int, K: int, hw: Any, device: Any, block_scales: bool = False) -> Bucket:
+        return self.policy(self.variant(block_scales), hw, device)[1](M, N, K)
 
     def run(self, a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any, out: Any, hw: Any) -> torch.Tensor:
         """C = (A * scale_a) @ (B * scale_b) into out (or a new tensor) by the bucket's kernel."""
         op = "scaled_mm"
         M, N, K = check_call(op, a, b, out, out_dtype)
         scales = check_scales(op, a, b, scale_a, scale_b)
-        bucket = self.policy(a.dtype, hw, a.device)[1](M, N, K)
+        bucket = self.policy(self.variant(scales.scaling == BLOCK), hw, a.device)[1](M, N, K)
         why = _unservable(a, b, out, M, N, K)
         if why is not None:
             raise ValueError(f"{op}: {why}")

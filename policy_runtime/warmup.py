@@ -419,8 +419,10 @@ class ScaledMmDriver:
                     notes.append(f"scaled_mm {variant} {opts.target} {b.name}: no (M, N, K) on the search grid reaches it")
                     continue
                 M, N, K = shapes[i, ()]
+                # The block variant's tiles serve block scales only, the other's the outer ones.
+                scalings = ("block",) if variant == self.smm.block_variant else self.SCALINGS[:2]
                 for dtype in opts.dtypes:
-                    for scaling in self.SCALINGS:
+                    for scaling in scalings:
                         for layout in self.LAYOUTS:
                             covers = ("scaled_mm", variant, b.name, dtype, scaling, layout)
                             args = (opts.target, dtype, M, N, K, scaling, layout)

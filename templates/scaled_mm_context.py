@@ -51,7 +51,12 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
 
     policies, tables = bucketed_policies(config, kernel_for)
     unserved = {target: missing for variant in config["variants"].values() for target, missing in variant["unserved"]}
+    # The variant a call with 128-block scales runs (its `block_scales` parameter set); the other
+    # serves per-tensor and row/column scales.
+    by_scaling = {bool(v["params"]["block_scales"]): name for name, v in config["variants"].items()}
     return {
+        "outer_variant": by_scaling[False],
+        "block_variant": by_scaling[True],
         "kernels": [kernels[k] for k in sorted(kernels)],
         "bodies": sorted({k["body"] for k in kernels.values()}),
         "policies": policies,

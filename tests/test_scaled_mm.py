@@ -58,15 +58,21 @@ OUT_DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if GPU else [])
 SCALINGS = ("tensor", "rowwise", "block", "mixed")
 
 
-def _served_by_kernel() -> dict[str, tuple[str, str, int]]:
-    """One (target, bucket, an M the bucket serves) per distinct kernel: every kernel once."""
-    out: dict[str, tuple[str, str, int]] = {}
+def _served_by_kernel() -> dict[tuple[str, bool], tuple[str, str, int]]:
+    """One (target, bucket, an M the bucket serves) per distinct kernel and variant (outer or block
+    scales): every kernel once with each kind of scaling it serves."""
+    out: dict[tuple[str, bool], tuple[str, str, int]] = {}
     for target in sorted(HARDWARE):
         if target in smm.UNSERVED:
             continue
-        for b in smm.buckets(hw=target):
-            m = next(m for m in (1, 16, 40, 65, 130, 300) if smm.select(m, 256, 256, hw=target) is b)
-            out.setdefault(b.triton.name, (target, b.name, m))
+        for block in (False, True):
+            for b in smm.buckets(hw=target, block_scales=block):
+                m = next(
+                    m
+                    for m in (1, 16, 40, 65, 130, 300, 2100)
+                    if smm.select(m, 256, 256, hw=target, block_scales=block) is b
+                )
+                out.setdefault((b.triton.name, block), (target, b.name, m))
     return out
 
 
@@ -134,14 +140,22 @@ def frob(c: torch.Tensor, ref: torch.Tensor) -> float:
 # Every kernel, every scaling: tight against the dequantized problem, then the quantization error
 
 
-@pytest.mark.parametrize("kernel", sorted(KERNELS))
-@pytest.mark.parametrize("scaling", SCALINGS)
-def test_every_kernel_matches_fp64_on_dequantized_inputs(kernel, scaling):
-    target, bucket, M = KERNELS[kernel]
+# Each kernel of the outer variant with the three outer scalings, each of the block variant with
+# block scales (the scalings a call can route to it).
+CASES = [
+    (kernel, block, scaling)
+    for kernel, block in sorted(KERNELS)
+    for scaling in (("block",) if block else ("tensor", "rowwise", "mixed"))
+]
+
+
+@pytest.mark.parametrize("kernel,block,scaling", CASES)
+def test_every_kernel_matches_fp64_on_dequantized_inputs(kernel, block, scaling):
+    target, bucket, M = KERNELS[kernel, block]
     # Ragged M, N and K past one tile where the scaling allows (block scales need 128 | K, N).
     N, K = (256, 384) if scaling == "block" else (200, 300)
     (a, b, sa, sb), ref_q, ref_x, _ = problem(M, N, K, scaling)
-    assert smm.select(M, N, K, hw=target).triton.name == kernel
+    assert smm.select(M, N, K, hw=target, block_scales=block).triton.name == kernel
     dtype = OUT_DTYPES[SCALINGS.index(scaling) % len(OUT_DTYPES)]  # each output dtype on every kernel
     c = smm.scaled_mm(a, b, sa, sb, out_dtype=dtype, hw=target)
     assert c.dtype == dtype and c.shape == (M, N)
@@ -294,25 +308,25 @@ def test_warmup_plans_every_bucket_scaling_and_layout():
     plan = W.plan(["generated.scaled_mm"], "h200", dtypes=["float16"])
     assert not plan.failed, plan.failed
     covers = {c.covers for c in plan.calls}
-    names = [b.name for b in smm.buckets(hw="h200")]
+    outer = [b.name for b in smm.buckets(hw="h200")]
+    block = [b.name for b in smm.buckets(hw="h200", block_scales=True)]
+    layouts = ("b = w.t()", "b row-major")
     assert covers == {
         ("scaled_mm", "scaled_mm_e4m3", n, "float16", s, layout)
-        for n in names
-        for s in rt_scalings()
-        for layout in ("b = w.t()", "b row-major")
-    }
+        for n in outer
+        for s in ("tensor", "rowwise")
+        for layout in layouts
+    } | {("scaled_mm", "scaled_mm_e4m3_block", n, "float16", "block", layout) for n in block for layout in layouts}
     kernels = {name for launches in plan.launches for name, _ in launches}
-    assert kernels == {b.triton.name for b in smm.buckets(hw="h200")}
-    # tensor, rowwise and block scales specialize differently: each its own kernel to compile
-    assert len(plan.units) == len(names) * 3 * 2
+    assert kernels == {b.triton.name for b in smm.buckets(hw="h200") + smm.buckets(hw="h200", block_scales=True)}
+    # tensor, rowwise and block scales and the two layouts specialize differently: each distinct
+    # (kernel, scaling, layout) is one kernel to compile (the block variant's mid and any buckets
+    # share one kernel)
+    distinct = {(b.triton.name, s) for b in smm.buckets(hw="h200") for s in ("tensor", "rowwise")}
+    distinct |= {(b.triton.name, "block") for b in smm.buckets(hw="h200", block_scales=True)}
+    assert len(plan.units) == len(distinct) * len(layouts)
     unserved = W.plan(["generated.scaled_mm"], "a100", dtypes=["float16"])
     assert not unserved.calls and "scaled_mm: not served on a100: no fp8_e4m3fn" in unserved.notes
-
-
-def rt_scalings() -> tuple[str, ...]:
-    from policy_runtime.warmup import ScaledMmDriver
-
-    return ScaledMmDriver.SCALINGS
 
 
 # ----------------------------------------------------------------------------------------------
