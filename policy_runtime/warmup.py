@@ -643,9 +643,9 @@ class AttentionDriver:
                         # its V2 partitions are no longer than the 16-bit ones) and the paged
                         # causal prefill over the cache.
                         sel8 = self.att.select(_dtype(dtype), hd, opts.target, kv_fp8=True)
-                        what8 = ("decode", model, dtype, "fp8 KV", f"{blocks * bs} tokens", sel8.decode.name, label)
+                        what8 = ("decode fp8 KV", model, dtype, f"{blocks * bs} tokens", sel8.decode.name, label)
                         calls.append(Call(self.module, "decode_fp8", args, what8, 3))
-                        what8 = ("prefill", model, dtype, "fp8 KV paged causal", sel8.prefill.name, label)
+                        what8 = ("prefill fp8 KV", model, dtype, "paged causal", sel8.prefill.name, label)
                         args8 = (opts.target, dtype, tokens, nq, nk, hd, bs, tuple(sorted(feat.items())))
                         calls.append(Call(self.module, "prefill_fp8", args8, what8, 3))
         return calls, notes
