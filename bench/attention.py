@@ -12,7 +12,10 @@ SDPA (flash), with SDPA's cuDNN backend and compiled FlexAttention (--no-flex le
 peers; (2) paged decode (block size 16), GQA 1 to 8, batch 1-256, context 1k-128k, equal and
 ragged: KV bytes a second as a fraction of a device copy, against SDPA on the same K/V made
 contiguous and vLLM's Triton paged decode (bench/peers.py); (3) V1 against V2 past the policy's
-threshold; (4) the first call of a new length.  JSON to $OUT/attention.json (or --json PATH).
+threshold; (4) the first call of a new length; (5) decode over an FP8 (e4m3fn) KV cache, batch >= 8,
+context >= 8k: its FP8 bytes a second against a device copy and the H200's 4.27 TB/s, its time
+against our bf16 cache on the same data, and vLLM's Triton decode with its k_scale (one scale for
+K and V: the peer applies k_scale to both).  JSON to $OUT/attention.json (or --json PATH).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ def _parse():
     ap.add_argument(
         "--phases",
         nargs="+",
-        default=["prefill", "decode", "v1_v2", "first_call"],
-        choices=["prefill", "decode", "v1_v2", "first_call"],
+        default=["prefill", "decode", "v1_v2", "first_call", "fp8_decode"],
+        choices=["prefill", "decode", "v1_v2", "first_call", "fp8_decode"],
         help="which phases to run, in this order (default: all)",
     )
     ap.add_argument(
@@ -99,6 +102,7 @@ RES: dict = {
     "decode": [],
     "v1_vs_v2": [],
     "first_call": {},
+    "fp8_decode": [],
     "correctness": [],
     "peers": {},
     "skipped": [],
@@ -127,6 +131,14 @@ else:
     ]  # fmt: skip
     if not ARGS.quick:
         DECODE_CASES += [(1, 8192, False), (8, 32768, False), (64, 16384, True), (128, 8192, False), (256, 4096, False)]
+# FP8-cache decode (batch, context, ragged) at head_dims 128 and 256 (MODELS' heads).
+FP8_CASES = (
+    [(2, 40, False), (3, 100, True)]
+    if SMOKE
+    else [(8, 8192, False), (8, 32768, False), (32, 8192, False), (32, 32768, True), (64, 16384, False)]
+)
+# The H200's HBM3e bandwidth (4.8 TB/s nominal) as a device copy reaches it: the issue's reference.
+H200_COPY_TBPS = 4.27
 BLOCK_SIZE = 16
 # Ragged batches: each sequence's length as a fraction of the phase's sequence length.
 RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
@@ -734,10 +746,144 @@ def phase_first_call():
     write_json()
 
 
+# ---------------------------------------------------------------------------------------
+# 5. decode over an FP8 KV cache
+
+
+def fp8_quantize(cache, scale):
+    """vLLM's fp8 cache value of a 16-bit cache: saturate(x / scale) as e4m3fn."""
+    return (cache.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def phase_fp8_decode():
+    target = target_name(HW, torch.device(DEV))
+    if target in at.FP8_UNSERVED:
+        RES["skipped"].append(f"fp8 decode: {target} has no {at.FP8_UNSERVED[target]}")
+        log(f"skip fp8 decode: {target} has no {at.FP8_UNSERVED[target]}")
+        return
+    for head_dim, (H, Hkv) in MODELS.items():
+        for batch, context, ragged in FP8_CASES:
+            name = f"fp8 decode d={head_dim} h={H} kv={Hkv} batch={batch} ctx={context}" + (" ragged" if ragged else "")
+            if over_budget(name):
+                continue
+            try:
+                one_fp8_decode(name, head_dim, H, Hkv, batch, context, ragged)
+            except Exception as e:  # noqa: BLE001
+                record_error(name, e)
+            release()
+    rows = [r for r in RES["fp8_decode"] if "frac_copy" in r]
+    RES["fp8_decode_summary"] = {
+        "min_frac_copy": min((r["frac_copy"] for r in rows), default=None),
+        "min_frac_4_27": min((r["frac_4_27"] for r in rows), default=None),
+        "geomean_bf16_over_fp8_time": geomean(r["bf16_over_fp8"] for r in rows),
+    }
+    log(f"fp8 decode summary: {RES['fp8_decode_summary']}")
+    write_json()
+
+
+def one_fp8_decode(name, head_dim, H, Hkv, batch, context, ragged):
+    """The bf16 cache of phase 2 and its fp8 quantization with one per-tensor scale (amax / 448 of
+    K and V together, as the peer needs one): ours over each, and the peer over the fp8 one.
+    Checked against SDPA on the dequantized cache (the fp8 reads) and on the bf16 one (bf16)."""
+    key_cache, value_cache, table, k_c, v_c = paged_cache(batch, context, Hkv, head_dim)
+    del k_c, v_c
+    lengths = [max(1, int(context * RAGGED[i % len(RAGGED)])) for i in range(batch)] if ragged else [context] * batch
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=DEV)
+    query = rnd(batch, H, head_dim)
+    scale = torch.maximum(key_cache.abs().amax(), value_cache.abs().amax()).float().reshape(1) / 448.0
+    kc8, vc8 = fp8_quantize(key_cache, scale), fp8_quantize(value_cache, scale)
+    out8, out16 = torch.full_like(query, float("nan")), torch.full_like(query, float("nan"))
+    sel = at.select(DT, head_dim, hw=HW, device=torch.device(DEV), kv_fp8=True)
+
+    def fp8():
+        at.decode_attention(query, kc8, vc8, table, seq_lens, out=out8, hw=HW, k_scale=scale, v_scale=scale)
+
+    def bf16():
+        at.decode_attention(query, key_cache, value_cache, table, seq_lens, out=out16, hw=HW)
+
+    def reference(kc, vc, sc):
+        # SDPA per sequence on the cache made contiguous (dequantized: fp8 * scale, in fp32).
+        outs = []
+        for i, n in enumerate(lengths):
+            blocks = table[i, : -(-n // BLOCK_SIZE)].long()
+            k = (kc[blocks].float() * sc).reshape(-1, Hkv, head_dim)[:n].transpose(0, 1)[None]
+            v = (vc[blocks].float() * sc).reshape(-1, Hkv, head_dim)[:n].transpose(0, 1)[None]
+            outs.append(sdpa(query[i : i + 1, :, None].float(), k, v, False)[0, :, 0])
+        return torch.stack(outs)
+
+    fp8()
+    bf16()
+    sync()
+    ok = check(name, out8, reference(kc8, vc8, scale))
+    ok = check(f"{name} (bf16 cache)", out16, reference(key_cache, value_cache, 1.0)) and ok
+    quant_err = rel_err(out8, out16.float())
+    methods = {"fp8": fp8, "bf16": bf16}
+    if VLLM is not None and ok and (not SMOKE or head_dim == 128 and batch == 2):
+        try:
+            peer = VLLM.VllmDecode(query, VLLM_KV_SPLITS, 1.0 / math.sqrt(head_dim))
+
+            def vllm():
+                VLLM.decode_attention_fwd(query, kc8, vc8, peer.o, peer.lse, table, seq_lens, peer.attn_logits,
+                                          VLLM_KV_SPLITS, peer.sm_scale, page_size=BLOCK_SIZE, k_scale=scale)  # fmt: skip
+                return peer.o
+
+            got = vllm()
+            sync()
+            if check(f"{name} (vllm fp8)", got, out8.float()):
+                methods["vllm"] = vllm
+        except Exception as e:  # noqa: BLE001
+            RES["peers"].setdefault("vllm_fp8_decode_errors", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(f"{name}: vllm: {type(e).__name__}: {str(e)[:300]}")
+    fp8_bytes = 2 * sum(lengths) * Hkv * head_dim
+    row = {
+        "name": name,
+        "head_dim": head_dim,
+        "heads": [H, Hkv],
+        "batch": batch,
+        "context": context,
+        "ragged": ragged,
+        "fp8_bytes": fp8_bytes,
+        "decode_kernel": sel.decode.name,
+        "path": decode_path(sel, batch, context, Hkv),
+        "rel_err_vs_bf16_cache": quant_err,
+        "ok": ok,
+    }
+    RES["fp8_decode"].append(row)
+    if not ok:
+        return
+    timed = interleaved(methods, ROUNDS, "fp8", timer(estimate_ms(fp8)))
+    key_cache = value_cache = kc8 = vc8 = None
+    release()
+    bw = fp8_bytes / (timed["fp8"]["ms"] * 1e-3)
+    copy_bw = copy_bandwidth(fp8_bytes)
+    row.update(
+        fp8_us=timed["fp8"]["ms"] * 1e3,
+        fp8_tbps=bw / 1e12,
+        frac_copy=bw / copy_bw,
+        frac_4_27=bw / (H200_COPY_TBPS * 1e12),
+        bf16_us=timed["bf16"]["ms"] * 1e3,
+        bf16_over_fp8=1 / timed["bf16"]["ratio"],
+    )
+    if "vllm" in timed:
+        row.update(vllm_us=timed["vllm"]["ms"] * 1e3, vllm_over_fp8=1 / timed["vllm"]["ratio"])
+    log(
+        f"{name:56s} {row['path']:18s} fp8 {row['fp8_us']:8.1f} us {row['fp8_tbps']:5.2f} TB/s "
+        f"({row['frac_copy']:.2f} of copy, {row['frac_4_27']:.2f} of 4.27)  bf16 {row['bf16_us']:8.1f} us "
+        f"(x{row['bf16_over_fp8']:.2f})  rel err vs bf16 {quant_err:.3f}"
+        + (f"  vllm {row['vllm_us']:8.1f} us (x{row['vllm_over_fp8']:.2f})" if "vllm_us" in row else "")
+    )
+
+
 def main():
     phase_meta()
     write_json()
-    phases = {"prefill": phase_prefill, "decode": phase_decode, "v1_v2": phase_v1_v2, "first_call": phase_first_call}
+    phases = {
+        "prefill": phase_prefill,
+        "decode": phase_decode,
+        "v1_v2": phase_v1_v2,
+        "first_call": phase_first_call,
+        "fp8_decode": phase_fp8_decode,
+    }
     for name in ARGS.phases:
         phases[name]()
     failed = [c["check"] for c in RES["correctness"] if not c["ok"]]

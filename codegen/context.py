@@ -385,6 +385,8 @@ def defaults_data(resolution: Resolution, configs: tuple[str, ...]) -> dict[str,
                 continue
             by_name = {}
             for vr in resolution.for_config(name):
+                if target in vr.unserved:
+                    continue  # the default target lacks a feature the config requires: no record
                 if vr.model is None or vr.model == model:
                     sym = symbol(vr, next(i for i in vr.instantiations if target in i.targets))
                     by_name[vr.variant] = sym

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from . import launch as _launch
+from .fp8_kv import FP8_DTYPE, kv_scale, unserved_error
 from .sizing import grid_even_share
 
 __all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected"]
@@ -91,16 +92,26 @@ def _sink(acc, m_i, l_i, sink):
 
 @triton.jit
 def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale, sm_scale, softcap,
-                  slope, win_left, win_right, offs_n, offs_d, d_ok, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                  DOT_PREC: tl.constexpr, PADDED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-                  ALIBI: tl.constexpr):
+                  slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row, skb, svb, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PADDED: tl.constexpr, WINDOW: tl.constexpr,
+                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  KV_FP8: tl.constexpr):
     # Keys [start, start + BLOCK_N) of one sequence.  MASKED: the tile may cross the end of the
     # keys or (CAUSAL) the diagonal or (WINDOW) an edge of the window; an unmasked tile is seen
     # whole by every row.  PADDED: the tile's columns past the head_dim are not loaded (zeros).
+    # PAGED: key j is at block bt_row[j // BLOCK_SIZE], slot j % BLOCK_SIZE of the caches.
+    # KV_FP8: the tiles are e4m3fn, converted (exactly) to the query's dtype; their scales are
+    # folded into sm_scale / qk_scale and the output by the caller.
     cols = start + offs_n
-    rows = cols.to(tl.int64)
-    k_ptrs = k_base + rows[:, None] * skt + offs_d[None, :]
-    v_ptrs = v_base + rows[:, None] * svt + offs_d[None, :]
+    if PAGED:
+        blk = tl.load(bt_row + cols // BLOCK_SIZE, mask=cols < k_len, other=0).to(tl.int64)
+        slot = cols % BLOCK_SIZE
+        k_ptrs = k_base + (blk * skb + slot * skt)[:, None] + offs_d[None, :]
+        v_ptrs = v_base + (blk * svb + slot * svt)[:, None] + offs_d[None, :]
+    else:
+        rows = cols.to(tl.int64)
+        k_ptrs = k_base + rows[:, None] * skt + offs_d[None, :]
+        v_ptrs = v_base + rows[:, None] * svt + offs_d[None, :]
     if MASKED:
         in_k = cols < k_len
         if PADDED:
@@ -116,6 +127,9 @@ def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
+    if KV_FP8:
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
     s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
     if ALIBI:
         # flash-attn's ALiBi: -slope * |i + k_len - q_len - j| (slope in base 2 here).
@@ -132,9 +146,10 @@ def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag
 
 @triton.jit
 def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, skt, skh, svt, svh,
-             sot, soh, win_left, win_right, softcap, alibi_ptr, sinks_ptr, HEAD_DIM: tl.constexpr,
-             HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-             ALIBI: tl.constexpr, SINKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             sot, soh, win_left, win_right, softcap, alibi_ptr, sinks_ptr, bt_ptr, bt_stride, skb, svb, k_scale,
+             v_scale, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, PAGED: tl.constexpr,
+             BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              DOT_PREC: tl.constexpr):
     # grid = (query blocks of the longest sequence, heads, sequences).  Program (i, h, b) takes
     # query block (last - i) of sequence b, head h: under a causal mask the longest blocks start
@@ -144,7 +159,10 @@ def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, 
     # WINDOW, row i sees keys diag_i - win_left <= j <= diag_i + win_right (diag_i = i + k_len -
     # q_len), and only the key tiles that meet a row's window are read; SOFTCAP, scores are
     # softcap * tanh(scores / softcap); ALIBI, -slope_h * |diag_i - j| is added; SINKS, head h's
-    # logit sinks[h] joins the softmax denominator.
+    # logit sinks[h] joins the softmax denominator.  PAGED (flash-attn's block_table): k_ptr and
+    # v_ptr are paged caches, sequence b's key j at block bt[b, j // BLOCK_SIZE], and cu_k gives
+    # the lengths only.  KV_FP8: e4m3fn K/V, dequantized as fp8 * k_scale (folded into sm_scale)
+    # and fp8 * v_scale (applied to the output).
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
@@ -166,8 +184,16 @@ def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, 
     else:
         q_mask = in_q[:, None]
     q = tl.load(q_ptr + q_rows[:, None] * sqt + head * sqh + offs_d[None, :], mask=q_mask, other=0.0)
-    k_base = k_ptr + k_start.to(tl.int64) * skt + kv_head * skh
-    v_base = v_ptr + k_start.to(tl.int64) * svt + kv_head * svh
+    if PAGED:
+        k_base = k_ptr + kv_head * skh
+        v_base = v_ptr + kv_head * svh
+        bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
+    else:
+        k_base = k_ptr + k_start.to(tl.int64) * skt + kv_head * skh
+        v_base = v_ptr + k_start.to(tl.int64) * svt + kv_head * svh
+        bt_row = bt_ptr
+    if KV_FP8:
+        sm_scale = sm_scale * tl.load(k_scale)
     qk_scale = sm_scale * 1.4426950408889634
     if ALIBI:
         slope = tl.load(alibi_ptr + head).to(tl.float32) * 1.4426950408889634
@@ -186,8 +212,9 @@ def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, 
         hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift + win_right)
         for start in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
-                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, True,
-                                          CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP, ALIBI)
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
+                                          skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP, ALIBI,
+                                          PAGED, BLOCK_SIZE, KV_FP8)
     else:
         if CAUSAL:
             hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift)
@@ -199,15 +226,19 @@ def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, 
         whole = (tl.maximum(whole, 0) // BLOCK_N) * BLOCK_N
         for start in range(0, whole, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
-                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, False,
-                                          CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP, ALIBI)
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
+                                          skb, svb, False, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP,
+                                          ALIBI, PAGED, BLOCK_SIZE, KV_FP8)
         for start in range(whole, hi, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
-                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, True,
-                                          CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP, ALIBI)
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
+                                          skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP,
+                                          ALIBI, PAGED, BLOCK_SIZE, KV_FP8)
     if SINKS:
         acc, m_i, l_i = _sink(acc, m_i, l_i, tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale)
     tl.store(o_ptr + q_rows[:, None] * sot + head * soh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=q_mask)
 
@@ -215,10 +246,10 @@ def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, 
 @triton.jit
 def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l, sm_scale, group,
             bt_stride, v1_limit, torch_limit, partition_size, max_parts, sqs, sqh, skb, skt, skh, svb,
-            svt, svh, sos, soh, win_len, softcap, alibi_ptr, sinks_ptr, HEAD_DIM: tl.constexpr,
+            svt, svh, sos, soh, win_len, softcap, alibi_ptr, sinks_ptr, k_scale, v_scale, HEAD_DIM: tl.constexpr,
             HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr, WINDOW: tl.constexpr,
-            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, BLOCK_N: tl.constexpr,
-            DOT_PREC: tl.constexpr):
+            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr,
+            BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
     # grid = (sequences, KV heads, partitions).  One program serves the `group` query heads of
     # one KV head (their rows padded to Q_ROWS for the tensor cores), so a KV tile is read once
     # per group.  A sequence's context is its last `span` tokens: all of them, or (WINDOW) the
@@ -227,7 +258,9 @@ def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l
     # partition p covers its tokens [p * partition_size, (p + 1) * partition_size) and writes its
     # normalised partial output and its softmax state for _merge.  A context longer than
     # torch_limit is left to the PyTorch path.  SOFTCAP, ALIBI (vLLM's slope * (j - seq_len + 1))
-    # and SINKS (in partition 0's state) as in _prefill.
+    # and SINKS (in partition 0's state) as in _prefill.  KV_FP8 (vLLM's fp8 cache): e4m3fn tiles
+    # converted to the query's dtype after the load, k_scale folded into the logits scale and
+    # v_scale into the output (before a V2 partial is stored: the merge is linear in it).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -259,6 +292,8 @@ def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l
     bt_row = bt_ptr + seq64 * bt_stride
     k_head = kc_ptr + kv_head * skh
     v_head = vc_ptr + kv_head * svh
+    if KV_FP8:
+        sm_scale = sm_scale * tl.load(k_scale)
     qk_scale = sm_scale * 1.4426950408889634
     if ALIBI:
         slopes = tl.load(alibi_ptr + heads, mask=in_group, other=0.0).to(tl.float32) * 1.4426950408889634
@@ -276,6 +311,9 @@ def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l
             kv_mask = live[:, None]
         k = tl.load(k_head + block[:, None] * skb + slot[:, None] * skt + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_head + block[:, None] * svb + slot[:, None] * svt + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
         if ALIBI:
             s = s + slopes[:, None] * (toks - (seq_len - 1)).to(tl.float32)[None, :]
@@ -285,6 +323,8 @@ def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l
         sink = tl.load(sinks_ptr + heads, mask=in_group, other=float("-inf")).to(tl.float32) * 1.4426950408889634
         acc, m_i, l_i = _sink(acc, m_i, l_i, tl.where(part == 0, sink, float("-inf")))
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale)
     if span <= v1_limit:
         tl.store(o_ptr + seq64 * sos + heads[:, None] * soh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=g_mask)
@@ -574,6 +614,8 @@ class Attention:
     records, whose shared-memory checks were made for the tile.
     ``hardware``: target -> hardware record (its sm_count sizes the PyTorch path's tiles).
     ``target_name(hw, device)``: the spec name a call launches for.
+    ``decode_fp8``: query class -> head_dim -> target -> Decode over an FP8 (e4m3fn) KV cache;
+    ``fp8_unserved``: target -> the feature it lacks for one (an fp8 cache raises ValueError there).
     """
 
     def __init__(
@@ -584,6 +626,8 @@ class Attention:
         model_of_head_dim: Mapping[int, str],
         hardware: Mapping[str, Any],
         target_name: Callable[[Any, Any], str],
+        decode_fp8: Optional[Mapping[str, Mapping[int, Mapping[str, Decode]]]] = None,
+        fp8_unserved: Optional[Mapping[str, str]] = None,
     ) -> None:
         missing = [k for k in _DTYPE_KEY.values() if k not in policies] + [
             k for k in ("16bit", "fp32") if k not in decode
@@ -597,11 +641,15 @@ class Attention:
         self.hardware = hardware
         self.target_name = target_name
         self.native: dict[int, Optional[NativeDecode]] = {1: None, 2: None}
+        self.decode_fp8_tables = decode_fp8 or {}
+        self.fp8_unserved = dict(fp8_unserved or {})
 
     # -- tables ---------------------------------------------------------------------------
 
-    def select(self, dtype: torch.dtype, head_dim: int, hw: Any = None, device: Any = None) -> Selected:
-        """The records and kernels that serve calls of ``dtype`` and ``head_dim`` on a target."""
+    def select(self, dtype: torch.dtype, head_dim: int, hw: Any = None, device: Any = None,
+               kv_fp8: bool = False) -> Selected:
+        """The records and kernels that serve calls of ``dtype`` and ``head_dim`` on a target
+        (``kv_fp8``: over an FP8 KV cache, whose decode tiles are AttentionLaunchFp8's)."""
         key = _DTYPE_KEY.get(dtype)
         if key is None:
             raise ValueError(f"attention: dtype {dtype} is not served; expected float16, bfloat16 or float32")
@@ -611,7 +659,15 @@ class Attention:
         model = self.model_of_head_dim[tile]
         target = self.target_name(hw, device)
         policy = self.policies[key][model][target]
-        dec = self.decode_tables[_CLASS_OF[key]][tile][target]
+        if kv_fp8:
+            missing = self.fp8_unserved.get(target)
+            if missing is not None or target not in self.decode_fp8_tables.get(_CLASS_OF[key], {}).get(tile, {}):
+                served = sorted(self.decode_fp8_tables.get("16bit", {}).get(tile, {}))
+                raise unserved_error("attention", target, missing or "fp8_e4m3fn",
+                                     "specs/kernels/attention.toml's attention_launch_fp8", served)
+            dec = self.decode_fp8_tables[_CLASS_OF[key]][tile][target]
+        else:
+            dec = self.decode_tables[_CLASS_OF[key]][tile][target]
         return Selected(target, model, policy.config, dec.launch, policy.prefill, dec.kernel)
 
     def tile_of(self, head_dim: Any) -> Optional[int]:
@@ -639,18 +695,23 @@ class Attention:
 
     def prefill(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=True,
                 scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, out=None, hw=None,
+                block_table=None, k_scale=None, v_scale=None,
                 kernel: Optional[PrefillKernel] = None) -> torch.Tensor:
         """Varlen flash attention (generated/attention.py's prefill_attention).  ``kernel``
         (tests, benchmarks) runs that prefill kernel instead of the target's."""
         op = "prefill_attention"
+        paged = block_table is not None
         _tensor(op, "q", q, 3, "[total_q, num_heads, head_dim]")
-        _tensor(op, "k", k, 3, "[total_k, num_kv_heads, head_dim]")
-        _tensor(op, "v", v, 3, "[total_k, num_kv_heads, head_dim]")
+        if paged:
+            _tensor(op, "k", k, 4, "a paged cache [num_blocks, block_size, num_kv_heads, head_dim] (block_table)")
+            _tensor(op, "v", v, 4, "a paged cache [num_blocks, block_size, num_kv_heads, head_dim] (block_table)")
+        else:
+            _tensor(op, "k", k, 3, "[total_k, num_kv_heads, head_dim]")
+            _tensor(op, "v", v, 3, "[total_k, num_kv_heads, head_dim]")
         dkey = _float_dtype(op, "q", q)
-        _same_dtype(op, "k", k, q, "q")
-        _same_dtype(op, "v", v, q, "q")
+        kv_fp8 = _kv_dtype(op, ("k", k), ("v", v), q, "q")
         total_q, H, D = q.shape
-        total_k, Hkv, Dk = k.shape
+        total_k, Hkv, Dk = (k.shape[0] * k.shape[1], *k.shape[2:]) if paged else k.shape
         if tuple(v.shape) != tuple(k.shape):
             raise ValueError(f"{op}: v {tuple(v.shape)} must have k's shape {tuple(k.shape)}")
         if Dk != D:
@@ -674,15 +735,38 @@ class Attention:
         for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             _same_device(op, name, t, q, "q")
         feat = _features(op, "q", q, H, window_size, softcap, alibi_slopes, sinks)
+        scales = _kv_scales(op, kv_fp8, k_scale, v_scale, q.device)
+        batch = cu_seqlens_q.shape[0] - 1
+        bs = k.shape[1] if paged else 1
+        if paged:
+            _index(op, "block_table", block_table, "[batch, max_blocks]")
+            if block_table.dim() != 2 or block_table.shape[0] != batch:
+                raise ValueError(
+                    f"{op}: block_table must be [batch={batch}, max_blocks], got {tuple(block_table.shape)}"
+                )
+            _unit_last(op, "block_table", block_table)
+            _same_device(op, "block_table", block_table, q, "q")
+            if bs < 1:
+                raise ValueError(f"{op}: k has block_size {bs}")
         out = _out(op, out, (total_q, H, D), q, "q")
         _runnable(op, "q", q)
-        batch = cu_seqlens_q.shape[0] - 1
         if batch > _MAX_GRID_YZ:
             raise ValueError(f"{op}: {batch} sequences; at most {_MAX_GRID_YZ} per call")
         if cu_seqlens_q.device.type == "cpu":
-            _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
+            if paged:
+                # A sequence's keys are its block-table row's first len_k slots.
+                total_k = block_table.shape[1] * bs * batch
+                _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
+                ck = cu_seqlens_k.tolist()
+                lens = [b - a for a, b in zip(ck, ck[1:])]
+                _check_lengths(op, lens, block_table.shape[1] * bs, None, bs, block_table, k.shape[0],
+                               lens_name="cu_seqlens_k", table_name="block_table", cache_name="k")
+            else:
+                _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
         if kernel is None:
-            kernel = self.select(q.dtype, D, hw, q.device).prefill
+            kernel = self.select(q.dtype, D, hw, q.device, kv_fp8=kv_fp8).prefill
+        elif kv_fp8:
+            self.select(q.dtype, D, hw, q.device, kv_fp8=True)  # the target must serve fp8 caches
         elif kernel.dtype_class != _CLASS_OF[dkey]:
             raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {q.dtype}")
         if batch == 0 or max_q == 0 or H == 0 or total_q == 0:
@@ -702,15 +786,20 @@ class Attention:
         dummy = _unused_fp32(q.device)
         alibi = feat.alibi if feat.alibi is not None else dummy
         sink = feat.sinks if feat.sinks is not None else dummy
+        ks, vs = scales if scales is not None else (dummy, dummy)
+        # Paged: (block, slot, head) strides of the caches; else (token, head) and no blocks.
+        kst, vst = (k.stride(), v.stride()) if paged else ((0, *k.stride()), (0, *v.stride()))
+        bt = block_table if paged else _unused_i32(q.device)
 
         def run() -> None:
             _launch._launch_kernel(
                 kernel.kernel, grid,
                 q, k, v, out, cu_q, cu_k, sm_scale, H // Hkv,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                q.stride(0), q.stride(1), kst[1], kst[2], vst[1], vst[2],
                 out.stride(0), out.stride(1), win_left, win_right, feat.softcap, alibi, sink,
+                bt, bt.stride(0) if paged else 0, kst[0], vst[0], ks, vs,
                 D, _tile_width(D), bool(causal), window, feat.softcap > 0.0, feat.alibi is not None,
-                feat.sinks is not None,
+                feat.sinks is not None, paged, bs, kv_fp8,
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
 
@@ -721,6 +810,7 @@ class Attention:
 
     def decode(self, query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, window_size=(-1, -1),
                softcap=0.0, alibi_slopes=None, sinks=None, out=None, hw=None, max_seq_len=None,
+               k_scale=None, v_scale=None,
                config: Any = None, kernel: Optional[DecodeKernel] = None, launch: Any = None) -> torch.Tensor:
         """Paged decode (generated/attention.py's decode_attention).  ``config`` (an
         AttentionConfig, e.g. with smaller thresholds), ``launch`` (an AttentionLaunch) and
@@ -730,8 +820,7 @@ class Attention:
         _tensor(op, "key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
         _tensor(op, "value_cache", value_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
         dkey = _float_dtype(op, "query", query)
-        _same_dtype(op, "key_cache", key_cache, query, "query")
-        _same_dtype(op, "value_cache", value_cache, query, "query")
+        kv_fp8 = _kv_dtype(op, ("key_cache", key_cache), ("value_cache", value_cache), query, "query")
         S, H, D = query.shape
         nb, bs, Hkv, Dk = key_cache.shape
         if tuple(value_cache.shape) != tuple(key_cache.shape):
@@ -761,9 +850,10 @@ class Attention:
                         ("seq_lens", seq_lens)):
             _same_device(op, name, t, query, "query")
         feat = _features(op, "query", query, H, window_size, softcap, alibi_slopes, sinks)
+        scales = _kv_scales(op, kv_fp8, k_scale, v_scale, query.device)
         out = _out(op, out, (S, H, D), query, "query")
         _runnable(op, "query", query)
-        sel = self.select(query.dtype, D, hw, query.device)
+        sel = self.select(query.dtype, D, hw, query.device, kv_fp8=kv_fp8)
         cfg = config if config is not None else sel.config
         lcfg = launch if launch is not None else sel.launch
         if kernel is None:
@@ -798,24 +888,25 @@ class Attention:
             if spans is not None:
                 bound = max((n for n in spans if n <= torch_limit), default=0)
             self._decode_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
-                                 kernel, bound, long_rows, feat, win_len)
+                                 kernel, bound, long_rows, feat, win_len, scales)
         if long_rows and not _launch._compiling():  # warm-up's compile-only scope: no Triton kernel here
             assert lens is not None
             sm_count = self.hardware[sel.target].sm_count
             _torch_decode(out, query, key_cache, value_cache, block_tables, lens, long_rows, sm_scale,
-                          cfg.pytorch_max_tile_blocks, sm_count, feat)
+                          cfg.pytorch_max_tile_blocks, sm_count, feat, scales)
         return out
 
     def _decode_kernels(self, out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
-                        kernel, bound, long_rows, feat, win_len) -> None:
+                        kernel, bound, long_rows, feat, win_len, scales=None) -> None:
         # The sequences whose context is at most pytorch_decode_threshold tokens (bound: the
         # longest of them, or the block table's capacity): a registered vendor kernel where the
-        # policy says so (and the call uses no feature: the hook's signature has none), else the
-        # Triton kernels.
+        # policy says so (and the call uses no feature and no fp8 cache: the hook's signature has
+        # neither), else the Triton kernels.
         S, H, D = query.shape
         Hkv = key_cache.shape[2]
         version = 1 if bound <= cfg.v1_v2_threshold else 2
-        native = self.native[version] if getattr(cfg, f"use_native_v{version}") and not feat.used else None
+        plain = not feat.used and scales is None
+        native = self.native[version] if getattr(cfg, f"use_native_v{version}") and plain else None
         if native is not None:
             if _launch._compiling():
                 return  # warm-up's compile-only scope: a vendor kernel has nothing for it to compile
@@ -849,6 +940,7 @@ class Attention:
         dummy = _unused_fp32(query.device)
         alibi = feat.alibi if feat.alibi is not None else dummy
         sink = feat.sinks if feat.sinks is not None else dummy
+        ks, vs = scales if scales is not None else (dummy, dummy)
         # The merge reads each sequence's context length: a windowed call's lengths clamped.
         spans = seq_lens if win_len is None or parts == 1 else seq_lens.clamp(max=win_len)
 
@@ -858,9 +950,9 @@ class Attention:
                 query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_m, part_l, sm_scale,
                 group, block_tables.stride(0), v1_limit, torch_limit, ps, parts, query.stride(0), query.stride(1),
                 kst[0], kst[1], kst[2], vst[0], vst[1], vst[2], out.stride(0), out.stride(1),
-                win_len if win_len is not None else 0, feat.softcap, alibi, sink,
+                win_len if win_len is not None else 0, feat.softcap, alibi, sink, ks, vs,
                 D, _tile_width(D), key_cache.shape[1], q_rows, win_len is not None, feat.softcap > 0.0,
-                feat.alibi is not None, feat.sinks is not None,
+                feat.alibi is not None, feat.sinks is not None, scales is not None,
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
             if parts > 1:
@@ -904,6 +996,41 @@ def _unused_fp32(device: torch.device) -> torch.Tensor:
     return t
 
 
+_UNUSED_I32: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused_i32(device: torch.device) -> torch.Tensor:
+    # The block table of an unpaged prefill: int32 like a real one (one kernel either way).
+    t = _UNUSED_I32.get(device)
+    if t is None:
+        t = _UNUSED_I32[device] = torch.zeros((1, 16), dtype=torch.int32, device=device)
+    return t
+
+
+def _kv_dtype(op: str, k: tuple[str, torch.Tensor], v: tuple[str, torch.Tensor], ref: torch.Tensor,
+              ref_name: str) -> bool:
+    """Whether K and V are an FP8 (e4m3fn) cache: both float8_e4m3fn, or both of ``ref``'s dtype."""
+    (kn, kt), (vn, vt) = k, v
+    if kt.dtype == FP8_DTYPE or vt.dtype == FP8_DTYPE:
+        if kt.dtype != vt.dtype:
+            raise ValueError(f"{op}: {kn} has dtype {kt.dtype}, {vn} {vt.dtype}; an fp8 cache needs both float8_e4m3fn")
+        return True
+    _same_dtype(op, kn, kt, ref, ref_name)
+    _same_dtype(op, vn, vt, ref, ref_name)
+    return False
+
+
+def _kv_scales(op: str, kv_fp8: bool, k_scale: Any, v_scale: Any,
+               device: torch.device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The fp8 cache's (k_scale, v_scale) as one-element fp32 tensors; None for a 16/32-bit cache
+    (which takes no scales)."""
+    if not kv_fp8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"{op}: k_scale / v_scale apply only to an fp8 (float8_e4m3fn) KV cache")
+        return None
+    return kv_scale(op, "k_scale", k_scale, device), kv_scale(op, "v_scale", v_scale, device)
+
+
 def _check_cu_seqlens(op: str, cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
                       max_q: int, max_k: int) -> None:
     # Only for CPU tensors (no device sync): offsets from 0, non-decreasing, within the tensors,
@@ -919,31 +1046,33 @@ def _check_cu_seqlens(op: str, cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: 
 
 
 def _check_lengths(op: str, lens: list[int], capacity: int, max_seq_len: Optional[int], bs: int,
-                   block_tables: torch.Tensor, nb: int) -> None:
+                   block_tables: torch.Tensor, nb: int, lens_name: str = "seq_lens", table_name: str = "block_tables",
+                   cache_name: str = "key_cache") -> None:
     # Lengths already on the host: within the block table and max_seq_len; block ids checked
     # where the table is on the CPU too (no device sync).
     bad = [n for n in lens if n < 0 or n > capacity]
     if bad:
-        why = f"block_tables holds {block_tables.shape[1]} blocks of {bs}"
+        why = f"{table_name} holds {block_tables.shape[1]} blocks of {bs}"
         if max_seq_len is not None:
             why += f", max_seq_len={max_seq_len}"
-        raise ValueError(f"{op}: seq_lens has {bad[0]}; lengths must be in [0, {capacity}] ({why})")
+        raise ValueError(f"{op}: {lens_name} has {bad[0]}; lengths must be in [0, {capacity}] ({why})")
     if block_tables.device.type == "cpu" and lens:
         used = torch.arange(block_tables.shape[1])[None, :] < torch.tensor([-(-n // bs) for n in lens])[:, None]
         wrong = used & ((block_tables < 0) | (block_tables >= nb))
         if bool(wrong.any()):
             s, j = (int(x) for x in wrong.nonzero()[0])
-            raise ValueError(f"{op}: block_tables[{s}, {j}] = {int(block_tables[s, j])} is not a block of "
-                             f"key_cache (0 to {nb - 1})")
+            raise ValueError(f"{op}: {table_name}[{s}, {j}] = {int(block_tables[s, j])} is not a block of "
+                             f"{cache_name} (0 to {nb - 1})")
 
 
 def _torch_decode(out, query, key_cache, value_cache, block_tables, lens, rows, sm_scale, max_tile_blocks,
-                  sm_count, feat: Optional["Features"] = None) -> None:
+                  sm_count, feat: Optional["Features"] = None, scales: Optional[tuple] = None) -> None:
     """The PyTorch path of sequences whose context is longer than pytorch_decode_threshold: per
     sequence, its cache blocks in tiles of at most ``max_tile_blocks`` (``grid_even_share`` gives
     the number of tiles, the blocks are shared evenly among them), each tile's scores and softmax
     state in fp32, the tiles merged exactly (log-sum-exp).  ``feat``: the call's window (only the
-    window's blocks are read), soft-cap, ALiBi slopes and sinks, as the kernels apply them."""
+    window's blocks are read), soft-cap, ALiBi slopes and sinks, as the kernels apply them.
+    ``scales``: an fp8 cache's (k_scale, v_scale) tensors, by which its values are multiplied."""
     _, H, D = query.shape
     bs, Hkv = key_cache.shape[1], key_cache.shape[2]
     G = H // Hkv
@@ -967,6 +1096,8 @@ def _torch_decode(out, query, key_cache, value_cache, block_tables, lens, rows, 
             toks = min(n, b1 * bs) - b0 * bs
             k = key_cache.index_select(0, ids).reshape(-1, Hkv, D)[:toks].float()
             v = value_cache.index_select(0, ids).reshape(-1, Hkv, D)[:toks].float()
+            if scales is not None:
+                k, v = k * scales[0], v * scales[1]
             scores = torch.einsum("hgd,nhd->hgn", q, k)
             if feat is not None:
                 scores = feat.torch_scores(scores, b0 * bs, n, first, Hkv, G)

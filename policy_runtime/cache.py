@@ -6,9 +6,10 @@ compiler) and its ``target_name``, and its public functions (which document the 
 the methods of that object, or ``swap_blocks``, which has no launch record.  Nothing here varies
 with the specs.
 
-Caches use the flash layout [num_blocks, block_size, kv_heads, head_size], fp16, bf16 or fp32;
-the kernels are pure copies (no dtype conversion, no fp8).  Bad shapes, strides or devices raise
-ValueError, bad dtypes TypeError.  Slots and block ids are not range-checked: that would need a
+Caches use the flash layout [num_blocks, block_size, kv_heads, head_size], fp16, bf16 or fp32
+and copies of the key's dtype, or (reshape_and_cache with ``kv_cache_dtype="fp8"``) float8_e4m3fn
+written with per-tensor scales (policy_runtime/fp8_kv.py: vLLM's semantics).  Bad shapes, strides
+or devices raise ValueError, bad dtypes TypeError, bad kv_cache_dtype or scales ValueError.  Slots and block ids are not range-checked: that would need a
 device sync (vLLM does not check them either).
 
 Launch rule (CCCL's transform policy): a program copies about ``tile_bytes`` (tokens packed, or
@@ -20,12 +21,13 @@ CPU tensors run only under TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from .fp8_kv import FP8_DTYPE, _to_e4m3, is_fp8_kv, kv_scale, unserved_error
 from .launch import (
     _INDEX_DTYPES,
     _Plan,
@@ -53,29 +55,35 @@ class CacheKernels:
 
     ``launch``: kernel name (each of ``KERNELS``) -> hardware spec name -> launch record.
     ``target_name(hw, device)``: the spec name a call launches for (generated.dispatch's: ``hw``
-    when given, else the tensors' CUDA device, detected).  Launch plans are memoised per object,
+    when given, else the tensors' CUDA device, detected).  ``unserved``: target -> the hardware
+    feature it lacks for the fp8 write (``reshape_and_cache_fp8`` has no record there).  Launch plans are memoised per object,
     by target and call signature, and so are copy_blocks' device tables of cache offsets, by the
     caches' data pointers.  The methods take the arguments of generated/cache.py's functions,
     whose docstrings say what they do.
     """
 
-    KERNELS = ("reshape_and_cache", "copy_blocks")
+    KERNELS = ("reshape_and_cache", "copy_blocks", "reshape_and_cache_fp8")
 
     def __init__(
         self,
         *,
         launch: Mapping[str, Mapping[str, Any]],
         target_name: Callable[[Any, Any], str],
+        unserved: Optional[Mapping[str, str]] = None,
     ) -> None:
         self.launch = _launch_tables(type(self).__name__, self.KERNELS, launch)
         self.target_name = target_name
+        self.unserved = dict(unserved or {})
         self._rc_plans: dict = {}
         self._cb_plans: dict = {}
         self._cb_tables: dict = {}
 
-    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, *, hw=None):
-        """Scatter key/value token rows into the paged caches at ``slot_mapping`` (-1: skip)."""
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
+                          k_scale=None, v_scale=None, *, hw=None):
+        """Scatter key/value token rows into the paged caches at ``slot_mapping`` (-1: skip);
+        with ``kv_cache_dtype="fp8"``, quantized to e4m3fn by ``k_scale`` / ``v_scale``."""
         op = "reshape_and_cache"
+        fp8 = is_fp8_kv(op, kv_cache_dtype)
         _check_float(op, "key", key)
         if key.dim() != 3 or value.shape != key.shape:
             raise ValueError(
@@ -89,10 +97,15 @@ class CacheKernels:
                 f"{op}: key_cache {tuple(key_cache.shape)} and value_cache "
                 f"{tuple(value_cache.shape)} must both be [num_blocks, block_size, kv_heads, head_size]"
             )
-        if key_cache.dtype != key.dtype or value_cache.dtype != key.dtype:
+        want = FP8_DTYPE if fp8 else key.dtype
+        if key_cache.dtype != want or value_cache.dtype != want:
             raise TypeError(
-                f"{op}: cache dtypes {key_cache.dtype}/{value_cache.dtype} must equal key dtype {key.dtype}"
+                f"{op}: cache dtypes {key_cache.dtype}/{value_cache.dtype} must equal {want} "
+                f"(kv_cache_dtype={kv_cache_dtype!r}, key {key.dtype})"
+                + ("; a uint8 cache of vLLM's: pass cache.view(torch.float8_e4m3fn)" if fp8 else "")
             )
+        if not fp8 and (k_scale is not None or v_scale is not None):
+            raise ValueError(f"{op}: k_scale / v_scale apply only with kv_cache_dtype='fp8'")
         _, kvh, hs = key.shape
         nb, bs, ckvh, chs = key_cache.shape
         if (ckvh, chs) != (kvh, hs):
@@ -116,19 +129,29 @@ class CacheKernels:
         _check_device(op, "key_cache", key_cache, dev, "key")
         _check_device(op, "value_cache", value_cache, dev, "key")
         _check_device(op, "slot_mapping", slot_mapping, dev, "key")
+        if fp8:
+            ks = kv_scale(op, "k_scale", k_scale, key.device)
+            vs = kv_scale(op, "v_scale", v_scale, key.device)
         target = self.target_name(hw, key.device)
+        kname = "reshape_and_cache_fp8" if fp8 else "reshape_and_cache"
+        if fp8 and target in self.unserved:
+            raise unserved_error(op, target, self.unserved[target], "specs/kernels/cache.toml's cache_launch_fp8",
+                                 list(self.launch[kname]))
         if T == 0 or nb == 0:
             return
         if slot_mapping.stride(0) != 1:
             slot_mapping = slot_mapping.contiguous()
         E = kvh * hs
-        key_ = (target, T, E, hs, key.dtype)
+        key_ = (target, T, E, hs, key.dtype, fp8)
         plan = self._rc_plans.get(key_)
         if plan is None:
-            cfg = self.launch["reshape_and_cache"][target]
-            plan = _remember(self._rc_plans, key_, _plan_reshape_and_cache(T, E, hs, key.element_size(), cfg))
+            cfg = self.launch[kname][target]
+            plan = _remember(self._rc_plans, key_, _plan_reshape_and_cache(T, E, hs, key.element_size(), cfg, fp8))
         kst, vst, kcst, vcst = key.stride(), value.stride(), key_cache.stride(), value_cache.stride()
-        args = (key, value, key_cache, value_cache, slot_mapping, T, plan.info, E, bs)
+        if not fp8:
+            # Not read (FP8 is off), but fp32 pointers like the scales: one kernel either way.
+            ks = vs = _unused_scale(key.device)
+        args = (key, value, key_cache, value_cache, slot_mapping, ks, vs, T, plan.info, E, bs)
         strides = (kst[0], kst[1], vst[0], vst[1], kcst[0], kcst[1], kcst[2], vcst[0], vcst[1], vcst[2])
         _run(plan, dev, args + strides)
 
@@ -200,6 +223,16 @@ class CacheKernels:
         return entry
 
 
+_UNUSED: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused_scale(device: torch.device) -> torch.Tensor:
+    t = _UNUSED.get(device)
+    if t is None:
+        t = _UNUSED[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return t
+
+
 def swap_blocks(src, dst, block_mapping):
     """``dst[d] = src[s]`` for each row (s, d) of a CPU block_mapping, in three torch ops
     (generated/cache.py's swap_blocks, whose docstring says more)."""
@@ -237,6 +270,8 @@ def _reshape_and_cache_kernel(
     kc_ptr,
     vc_ptr,
     slot_ptr,
+    k_scale,
+    v_scale,
     n_tokens,
     n_e_blocks,
     kv_elems,
@@ -254,9 +289,11 @@ def _reshape_and_cache_kernel(
     HEAD_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     # Program (token block, element block) of a [BLOCK_T, BLOCK_E] tile of the flattened
-    # [tokens, kv_heads * head_size] key and value; a slot < 0 skips its token.
+    # [tokens, kv_heads * head_size] key and value; a slot < 0 skips its token.  FP8: the caches
+    # are e4m3fn, written saturate(x / scale) (k_scale, v_scale: one-element fp32 tensors).
     pid = tl.program_id(0)
     pt = pid // n_e_blocks
     pe = pid - pt * n_e_blocks
@@ -277,14 +314,19 @@ def _reshape_and_cache_kernel(
     blk = slots // block_size
     off = slots - blk * block_size
     m = (slots >= 0)[:, None] & emask
+    if FP8:
+        kv = _to_e4m3(kv.to(tl.float32) / tl.load(k_scale))
+        vv = _to_e4m3(vv.to(tl.float32) / tl.load(v_scale))
     kc_offs = (blk * kc_bs + off * kc_ps)[:, None] + (head * kc_hs + dd)[None, :]
     tl.store(kc_ptr + kc_offs, kv, mask=m)
     vc_offs = (blk * vc_bs + off * vc_ps)[:, None] + (head * vc_hs + dd)[None, :]
     tl.store(vc_ptr + vc_offs, vv, mask=m)
 
 
-def _plan_reshape_and_cache(n_tokens: int, kv_elems: int, head_size: int, esize: int, cfg: Any) -> _Plan:
-    """Constexprs (HEAD_SIZE, BLOCK_T, BLOCK_E); info = element blocks per token block."""
+def _plan_reshape_and_cache(n_tokens: int, kv_elems: int, head_size: int, esize: int, cfg: Any,
+                            fp8: bool = False) -> _Plan:
+    """Constexprs (HEAD_SIZE, BLOCK_T, BLOCK_E, FP8); info = element blocks per token block.  A
+    tile is sized by the key's element (the loads); the fp8 write stores a byte an element."""
     vec = max(1, 16 // esize)
     tile = _pow2floor(max(1, cfg.tile_bytes // (2 * esize)))  # key and value loads
     be = min(_pow2ceil(kv_elems), tile)
@@ -300,7 +342,7 @@ def _plan_reshape_and_cache(n_tokens: int, kv_elems: int, head_size: int, esize:
             break
     neb = _cdiv(kv_elems, be)
     w = _fit_warps(bt * be, vec, cfg)
-    return _Plan(_reshape_and_cache_kernel, _cdiv(n_tokens, bt) * neb, (head_size, bt, be), w, neb)
+    return _Plan(_reshape_and_cache_kernel, _cdiv(n_tokens, bt) * neb, (head_size, bt, be, fp8), w, neb)
 
 
 # ----------------------------------------------------------------------------------------------

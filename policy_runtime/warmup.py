@@ -62,7 +62,8 @@ multiples of 16 elements keep it), in the dtypes asked:
   two, their neighbours and three times them, up to 2**22): a plan first seen there is reported
   in the notes, not warmed (every plan of the specs here appears below 4096 tokens).
 - cache: reshape_and_cache (int64 slot_mapping; key and value [tokens, kv_heads, head_dim],
-  caches [blocks, ``block_size``, kv_heads, head_dim]) per plan over token counts as above;
+  caches [blocks, ``block_size``, kv_heads, head_dim]; and, on targets with e4m3fn, the fp8 write
+  with float32 tensor scales) per plan over token counts as above;
   copy_blocks (int64 block_mapping, caches 16-byte aligned) per plan over pair counts.
 - attention: prefill (int32 cu_seqlens, causal and not) and paged decode (int32 block tables and
   lengths, cache blocks of ``block_size`` tokens) for each model whose head_dim the kernels serve,
@@ -71,7 +72,8 @@ multiples of 16 elements keep it), in the dtypes asked:
   ``logit_softcap``, ``alibi`` and ``attention_sinks`` on every layer, ``sliding_window`` on its
   local layers, so a windowed model warms its windowed and its unwindowed kernels; fp32 slopes
   and sinks), as ``attention_feature_sets`` lists them.  A registered vendor decode kernel and
-  the PyTorch path of long sequences compile nothing.
+  the PyTorch path of long sequences compile nothing.  On targets with e4m3fn, also decode over an
+  fp8 KV cache (float32 tensor scales; its own tiles) and the causal paged prefill over it.
 - moe: fused_moe (the model's ``moe_activation``, or every activation where it names none; int32
   topk_ids, fp32 topk_weights, no expert_map) for each bucket of ``moe_launch`` (at
   the first token count up to 2**16 it serves) and each model with experts (its num_experts,
@@ -531,6 +533,9 @@ class CacheDriver:
                     ("reshape_and_cache", _cache._plan_reshape_and_cache, (kvh * hd, hd, esize)),
                     ("copy_blocks", _cache._plan_copy_blocks, (2, bs * kvh * hd, max(1, 16 // esize), esize)),
                 )
+                if opts.target in launch["reshape_and_cache_fp8"]:
+                    # The fp8 cache write (kv_cache_dtype="fp8"), on targets with e4m3fn.
+                    planners += (("reshape_and_cache_fp8", _cache._plan_reshape_and_cache, (kvh * hd, hd, esize)),)
                 for op, planner, rest in planners:
                     cfg = launch[op][opts.target]
                     for key, n in _pieces(opts, notes, f"{op} {model} {dtype}", planner, *rest, cfg):
@@ -541,12 +546,18 @@ class CacheDriver:
     def run(self, call: Call, device: torch.device) -> None:
         target, dtype, n, kvh, hd, bs = call.args
         dt = _dtype(dtype)
-        if call.op == "reshape_and_cache":
+        if call.op in ("reshape_and_cache", "reshape_and_cache_fp8"):
+            fp8 = call.op == "reshape_and_cache_fp8"
             blocks = n // bs + 1
             key, value = _empty((n, kvh, hd), dt, device), _empty((n, kvh, hd), dt, device)
-            kc, vc = _empty((blocks, bs, kvh, hd), dt, device), _empty((blocks, bs, kvh, hd), dt, device)
+            cdt = torch.float8_e4m3fn if fp8 else dt
+            kc, vc = _empty((blocks, bs, kvh, hd), cdt, device), _empty((blocks, bs, kvh, hd), cdt, device)
             slots = torch.arange(n, dtype=torch.int64, device=device)
-            self.kernels.reshape_and_cache(key, value, kc, vc, slots, hw=target)
+            if fp8:
+                scale = torch.ones(1, dtype=torch.float32, device=device)
+                self.kernels.reshape_and_cache(key, value, kc, vc, slots, "fp8", scale, scale, hw=target)
+            else:
+                self.kernels.reshape_and_cache(key, value, kc, vc, slots, hw=target)
         else:
             kc, vc = _empty((2 * n, bs, kvh, hd), dt, device), _empty((2 * n, bs, kvh, hd), dt, device)
             src = torch.arange(n, dtype=torch.int64, device=device)
@@ -629,6 +640,16 @@ class AttentionDriver:
                     what = ("decode", model, dtype, f"{blocks * bs} tokens", sel.decode.name, label)
                     args = (opts.target, dtype, seqs, nq, nk, hd, bs, blocks, tuple(sorted(feat.items())))
                     calls.append(Call(self.module, "decode", args, what, 3))
+                    if opts.target not in self.att.fp8_unserved:
+                        # Over an fp8 (e4m3fn) KV cache: its own decode tiles (the length as above:
+                        # its V2 partitions are no longer than the 16-bit ones) and the paged
+                        # causal prefill over the cache.
+                        sel8 = self.att.select(_dtype(dtype), hd, opts.target, kv_fp8=True)
+                        what8 = ("decode fp8 KV", model, dtype, f"{blocks * bs} tokens", sel8.decode.name, label)
+                        calls.append(Call(self.module, "decode_fp8", args, what8, 3))
+                        what8 = ("prefill fp8 KV", model, dtype, "paged causal", sel8.prefill.name, label)
+                        args8 = (opts.target, dtype, tokens, nq, nk, hd, bs, tuple(sorted(feat.items())))
+                        calls.append(Call(self.module, "prefill_fp8", args8, what8, 3))
         return calls, notes
 
     def run(self, call: Call, device: torch.device) -> None:
@@ -638,14 +659,29 @@ class AttentionDriver:
             q, k, v = _empty((t, nq, hd), dt, device), _empty((t, nk, hd), dt, device), _empty((t, nk, hd), dt, device)
             cu = torch.tensor([0, t], dtype=torch.int32, device=device)
             self.att.prefill(q, k, v, cu, cu, t, t, causal=causal, hw=target, **_attention_kwargs(feat, nq, device))
+        elif call.op == "prefill_fp8":
+            target, dtype, t, nq, nk, hd, bs, feat = call.args
+            blocks = -(-t // bs)
+            q = _empty((t, nq, hd), _dtype(dtype), device)
+            kc = vc = _empty((blocks, bs, nk, hd), torch.float8_e4m3fn, device)
+            cu = torch.tensor([0, t], dtype=torch.int32, device=device)
+            table = torch.zeros((1, blocks), dtype=torch.int32, device=device)
+            scale = torch.ones(1, dtype=torch.float32, device=device)
+            self.att.prefill(q, kc, vc, cu, cu, t, t, causal=True, hw=target, block_table=table, k_scale=scale,
+                             v_scale=scale, **_attention_kwargs(feat, nq, device))
         else:
             target, dtype, seqs, nq, nk, hd, bs, blocks, feat = call.args
             dt = _dtype(dtype)
+            fp8 = call.op == "decode_fp8"
             query = _empty((seqs, nq, hd), dt, device)
-            kc, vc = _empty((1, bs, nk, hd), dt, device), _empty((1, bs, nk, hd), dt, device)
+            cdt = torch.float8_e4m3fn if fp8 else dt
+            kc, vc = _empty((1, bs, nk, hd), cdt, device), _empty((1, bs, nk, hd), cdt, device)
             table = torch.zeros((seqs, blocks), dtype=torch.int32, device=device)
             lens = torch.full((seqs,), blocks * bs, dtype=torch.int32, device=device)
-            self.att.decode(query, kc, vc, table, lens, hw=target, **_attention_kwargs(feat, nq, device))
+            kw = _attention_kwargs(feat, nq, device)
+            if fp8:
+                kw["k_scale"] = kw["v_scale"] = torch.ones(1, dtype=torch.float32, device=device)
+            self.att.decode(query, kc, vc, table, lens, hw=target, **kw)
 
 
 class MoEDriver:

@@ -6,7 +6,9 @@ From the generic context (codegen/context.py) of the per-model ``attention`` con
 prefill tile and per distinct decode tile (named after their constants, so a name never moves
 when a target is added elsewhere), one policy object per AttentionConfig instantiation and dtype,
 one decode object per AttentionLaunch instantiation, the tables by dtype, model or head_dim and
-target, and which model's records serve each head_dim.
+target, and which model's records serve each head_dim.  The same for the decode kernels over an
+FP8 KV cache (``attention_launch_fp8``, AttentionLaunchFp8: a kernel per record and query class)
+and the targets that config does not serve.
 """
 
 from __future__ import annotations
@@ -138,6 +140,45 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
     for tables in decode_tables.values():
         tables.sort(key=lambda t: t["head_dim"])
 
+    # Decode over an FP8 KV cache: per AttentionLaunchFp8 instantiation, a decode object per query
+    # class (fp16/bf16 queries, and fp32 ones for the CPU tests) whose kernel converts the tiles.
+    lch8 = ctx["configs"]["attention_launch_fp8"]
+    fp8_decodes = []
+    fp8_tables: dict[str, list[dict[str, Any]]] = {}
+    fp8_unserved: dict[str, str] = {}
+    for variant in lch8["variants"].values():
+        head_dim = variant["params"]["head_dim"]
+        fp8_unserved.update(variant["unserved"])
+        for dtype_class in ("16bit", "fp32"):
+            names = {}
+            for inst in variant["instantiations"]:
+                rec = inst["record"]
+                consts = {"block_n": rec["block_n"], "num_warps": rec["num_warps"], "num_stages": rec["num_stages"]}
+                user = f"fp8 KV head_dim {head_dim} on {', '.join(inst['target_names'])}"
+                kname = kernel("decode", dtype_class, consts, user)
+                dname = f"_{inst['symbol']}_{dtype_class.upper()}"
+                fp8_decodes.append(
+                    {
+                        "name": dname,
+                        "variant": variant["name"],
+                        "dtype_class": dtype_class,
+                        "record": inst["symbol"],
+                        "kernel": kname,
+                        "origin": inst["origin"],
+                        "targets": inst["targets"],
+                    }
+                )
+                names[inst["symbol"]] = dname
+            fp8_tables.setdefault(dtype_class, []).append(
+                {
+                    "head_dim": head_dim,
+                    "variant": variant["name"],
+                    "table": [(t, names[s]) for t, s in variant["table"]],
+                }
+            )
+    for tables in fp8_tables.values():
+        tables.sort(key=lambda t: t["head_dim"])
+
     # The records of the model with the smallest head_dim that is at least the call's serve it:
     # their shared-memory checks were made for that head_dim, so they hold for a smaller one.
     # Among models of one head_dim, the project's default model, then the first by name: a model
@@ -156,6 +197,9 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
         "policy_tables": policy_tables,
         "decodes": decodes,
         "decode_tables": sorted(decode_tables.items()),
+        "fp8_decodes": fp8_decodes,
+        "fp8_tables": sorted(fp8_tables.items()),
+        "fp8_unserved": sorted(fp8_unserved.items()),
         "model_of_head_dim": model_of_head_dim,
         "head_dim_models": sorted(head_dim_of.items()),
     }

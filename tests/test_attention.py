@@ -496,6 +496,19 @@ def test_every_target_dtype_and_head_dim_has_its_records_and_kernels():
                     sel.launch.num_stages,
                 )
                 seen.update((pf.name, dc.name))
+                if target not in at.FP8_UNSERVED:
+                    # Over an fp8 KV cache: the same prefill kernel, AttentionLaunchFp8's decode tiles.
+                    sel8 = at.select(dtype, head_dim, hw=target, kv_fp8=True)
+                    assert sel8.prefill is pf and sel8.config == cfg
+                    assert sel8.launch == dispatch_kernel_config(f"decode_d{head_dim}_fp8", target)
+                    d8 = sel8.decode
+                    assert at.KERNELS[d8.name] is d8 and d8.dtype_class == size
+                    assert (d8.block_n, d8.num_warps, d8.num_stages) == (
+                        sel8.launch.block_n,
+                        sel8.launch.num_warps,
+                        sel8.launch.num_stages,
+                    )
+                    seen.add(d8.name)
     assert seen == set(at.KERNELS)
 
 
@@ -519,12 +532,13 @@ def test_decode_tiles_fit_each_targets_shared_memory():
 
 def test_lengths_are_not_specialized_on():
     """Prefill kernels take no length argument (they read cu_seqlens) and keep the window's bounds
-    (an unbounded side is passed as a bound past the lengths) out of specialization; decode
+    (an unbounded side is passed as a bound past the lengths) and a paged call's block-table
+    width (bt_stride) out of specialization; decode
     kernels keep every argument that moves with the lengths or the block table's width (and the
     window's length) out of specialization."""
     tree = ast.parse(open(at.__file__).read())
     decode_args = {"bt_stride", "v1_limit", "torch_limit", "partition_size", "max_parts", "win_len"}
-    prefill_args = {"win_left", "win_right"}
+    prefill_args = {"win_left", "win_right", "bt_stride"}
     found = 0
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith(("_prefill_", "_decode_")):

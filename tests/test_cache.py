@@ -51,12 +51,16 @@ def test_launch_records_cover_every_target():
     """The kernels read their records from generated/cache.py's tables: one per kernel and
     target, the record the dispatch module resolved for it."""
     tables = C._KERNELS.launch
-    assert list(tables) == ["reshape_and_cache", "copy_blocks"]
+    assert list(tables) == ["reshape_and_cache", "copy_blocks", "reshape_and_cache_fp8"]
     for kernel, table in tables.items():
-        assert sorted(table) == TARGETS
-        for t in TARGETS:
+        # The fp8 write: the targets with e4m3fn, the others named with the feature they lack.
+        served = TARGETS if kernel != "reshape_and_cache_fp8" else sorted(set(TARGETS) - set(C.FP8_UNSERVED))
+        assert sorted(table) == served
+        for t in served:
             assert table[t] is dispatch_kernel_config(kernel, t)
-            assert type(table[t]).__name__ == "CacheLaunch"
+            assert type(table[t]).__name__ == ("CacheLaunchFp8" if kernel.endswith("fp8") else "CacheLaunch")
+    assert sorted(C.FP8_UNSERVED) == ["a10", "a100", "bi_v100", "mi300x"]
+    assert set(C.FP8_UNSERVED.values()) == {"fp8_e4m3fn"}
 
 
 def test_kernels_launch_with_the_tables_they_are_given():
@@ -91,7 +95,7 @@ def test_kernels_launch_with_the_tables_they_are_given():
 
 
 def test_kernels_need_exactly_their_tables():
-    with pytest.raises(ValueError, match=r"missing \['copy_blocks'\], unknown none"):
+    with pytest.raises(ValueError, match=r"missing \['copy_blocks', 'reshape_and_cache_fp8'\], unknown none"):
         runtime.CacheKernels(launch={"reshape_and_cache": {}}, target_name=lambda hw, device: "h200")
 
 
@@ -136,13 +140,13 @@ def test_reshape_and_cache_plan_follows_the_record():
     """Hand-computed: a tile is tile_bytes of loads (key and value), then shrunk to fill a wave."""
     h200 = dispatch_kernel_config("reshape_and_cache", "h200")  # 4 KiB: 1024 bf16 of key + 1024 of value
     p = runtime._plan_reshape_and_cache(16384, 1024, 128, 2, h200)
-    assert (p.grid, p.consts, p.num_warps, p.info) == (16384, (128, 1, 1024), 4, 1)
+    assert (p.grid, p.consts, p.num_warps, p.info) == (16384, (128, 1, 1024, False), 4, 1)
     bi = dispatch_kernel_config("reshape_and_cache", "bi_v100")  # 16 KiB: 4 tokens of 1024
     p = runtime._plan_reshape_and_cache(16384, 1024, 128, 2, bi)
-    assert (p.grid, p.consts, p.num_warps, p.info) == (4096, (128, 4, 1024), 8, 1)
+    assert (p.grid, p.consts, p.num_warps, p.info) == (4096, (128, 4, 1024, False), 8, 1)
     # 16 tokens: halved while the grid is short of a wave, down to one vector a thread.
     p = runtime._plan_reshape_and_cache(16, 1024, 128, 2, bi)
-    assert (p.grid, p.consts, p.num_warps) == (8, (128, 2, 1024), 8)
+    assert (p.grid, p.consts, p.num_warps) == (8, (128, 2, 1024, False), 8)
 
 
 def test_reshape_and_cache_errors():

@@ -188,6 +188,14 @@ def test_attention_calls_compile_each_models_prefill_decode_and_merge(target):
             assert launched(plan, "attention", "decode", model, dtype) == {sel.decode.name, "_merge"}
             causal = {c.covers[3] for c in plan.calls if c.covers[:3] == ("prefill", model, dtype)}
             assert causal == {"causal", "full"}
+            # Over an fp8 KV cache (targets with e4m3fn): its decode tiles and the paged prefill.
+            fp8_decode = launched(plan, "attention", "decode fp8 KV", model, dtype)
+            fp8_prefill = launched(plan, "attention", "prefill fp8 KV", model, dtype)
+            if target in at.FP8_UNSERVED:
+                assert fp8_decode == fp8_prefill == set()
+            else:
+                sel8 = at.select(torch_dtype, dims["head_dim"], hw=target, kv_fp8=True)
+                assert fp8_decode == {sel8.decode.name, "_merge"} and fp8_prefill == {sel.prefill.name}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -347,8 +355,9 @@ def test_h200_plan_counts():
     # attention, per dtype: each of 5 models' prefill (causal and not), decode and merge in its
     # global layers' features (20), less the merge gemma2_9b shares with qwen36 (head_dim 256,
     # merge has no features), plus the windowed sets of gemma2_9b and gpt_oss_20b (prefill causal
-    # and not, decode: 6).
-    assert by_module["generated.attention"] == 2 * (5 * 4 - 1 + 2 * 3)
+    # and not, decode: 6); and over an fp8 KV cache, in each of those 7 feature sets, the decode
+    # kernel and the paged causal prefill (14; the merge is the same kernel).
+    assert by_module["generated.attention"] == 2 * (5 * 4 - 1 + 2 * 3 + 7 * 2)
     assert len({u.key for u in plan.units}) == len(plan.units)
 
 

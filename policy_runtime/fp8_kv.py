@@ -1,0 +1,99 @@
+"""FP8 KV cache: vLLM's ``kv_cache_dtype="fp8"`` semantics, shared by the cache write
+(policy_runtime/cache.py) and the attention kernels that read it (policy_runtime/attention.py).
+
+A cache of ``torch.float8_e4m3fn`` holds ``saturate(x / scale)`` rounded to nearest even (vLLM's
+``__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, E4M3)``), one scale per tensor: ``k_scale`` for
+the key cache, ``v_scale`` for the value cache.  A reader takes ``fp8 -> float * scale``.  vLLM
+stores such caches as uint8; here they are float8_e4m3fn tensors (a uint8 cache of vLLM's is the
+same bytes: ``cache.view(torch.float8_e4m3fn)``, free).  A scale is a Python float or a float32
+tensor of one element (vLLM's ``layer._k_scale``) on the cache's device; a tensor is read in the
+kernel (no device sync, CUDA-graph safe), so its value is checked only where it is on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "unserved_error"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+# vLLM's names of an e4m3 cache ("fp8" is e4m3 on CUDA); "auto" stores the model's dtype.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+# The largest finite e4m3fn value: quantized values saturate to +-448.
+FP8_MAX = 448.0
+
+# Python-float scales as one-element device tensors, by (value, device): a constant scale costs
+# one host-to-device copy per process, not one per call.
+_SCALES: dict[tuple[float, torch.device], torch.Tensor] = {}
+_SCALES_LIMIT = 256
+
+
+def is_fp8_kv(op: str, kv_cache_dtype: Any) -> bool:
+    """Whether ``kv_cache_dtype`` (vLLM's string) asks for an e4m3 cache; ValueError otherwise."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"{op}: kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {kv_cache_dtype!r}"
+            + (" (e5m2 caches are not served)" if kv_cache_dtype == "fp8_e5m2" else "")
+        )
+    return kv_cache_dtype != "auto"
+
+
+def kv_scale(op: str, name: str, value: Any, device: torch.device) -> torch.Tensor:
+    """``value`` (a positive finite float, or a float32 tensor of one element on ``device``) as a
+    one-element float32 tensor on ``device``; ValueError naming ``name`` otherwise."""
+    if value is None:
+        raise ValueError(f"{op}: {name} is required with an fp8 KV cache (vLLM's per-tensor scale)")
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.float32 or value.numel() != 1 or value.dim() > 1:
+            raise ValueError(
+                f"{op}: {name} must be a float32 tensor of one element (shape () or (1,)), got "
+                f"{value.dtype} {tuple(value.shape)}"
+            )
+        if value.device != device:
+            raise ValueError(f"{op}: {name} is on {value.device}, the cache on {device}; they must be on one device")
+        if value.device.type == "cpu":
+            s = float(value)
+            if not (math.isfinite(s) and s > 0.0):
+                raise ValueError(f"{op}: {name} must be positive and finite, got {s!r}")
+        return value.reshape(1)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{op}: {name} must be a float or a float32 tensor of one element, got {type(value).__name__}")
+    s = float(value)
+    if not (math.isfinite(s) and s > 0.0):
+        raise ValueError(f"{op}: {name} must be positive and finite, got {value!r}")
+    key = (s, device)
+    t = _SCALES.get(key)
+    if t is None:
+        if len(_SCALES) >= _SCALES_LIMIT:
+            _SCALES.clear()
+        t = _SCALES[key] = torch.full((1,), s, dtype=torch.float32, device=device)
+    return t
+
+
+def unserved_error(op: str, target: str, missing: str, spec: str, served: Optional[list[str]] = None) -> ValueError:
+    """The error of an fp8 KV call on a target without e4m3fn (the config in ``spec`` requires it)."""
+    tail = f"; served targets: {', '.join(sorted(served))}" if served else ""
+    return ValueError(
+        f"{op}: an fp8 KV cache needs {missing}, which target {target!r} lacks (specs/hardware/{target}.toml; "
+        f"{spec} requires it){tail}"
+    )
+
+
+@triton.jit
+def _to_e4m3(x):
+    # saturate(x) rounded to nearest even on e4m3fn's grid, as float8e4nv.  The rounding is done in
+    # fp32 first, so that the final cast is exact: hardware's cvt.rn.satfinite gives the same bytes,
+    # and Triton's interpreter (whose fp32 -> fp8 cast drops the carry of a mantissa that rounds up
+    # into the next binade) does too.  Normal values (|x| >= 2^-6) keep 3 mantissa bits; subnormal
+    # ones are multiples of 2^-9, rounded by adding and subtracting 1.5 * 2^14.
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+    normal = bits.to(tl.float32, bitcast=True)
+    sub = (x + 24576.0) - 24576.0
+    return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)
