@@ -29,7 +29,7 @@ import triton.language as tl
 from . import launch as _launch
 from .sizing import grid_even_share
 
-__all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected"]
+__all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected", "record_uses"]
 
 # In the kernels: scores are scaled by scale * log2(e) = scale * 1.4426950408889634 (softmax in
 # base 2: exp2 is one instruction), and a row's running max starts at -1e30, not -inf, so that a
@@ -402,6 +402,8 @@ class Selected:
     launch: Any
     prefill: PrefillKernel
     decode: DecodeKernel
+    # The model's AttentionFeatures record on the target (None where the tables have none).
+    features: Any = None
 
 
 # Table keys of the dtypes a call may have.
@@ -524,6 +526,15 @@ class Features:
     def used(self) -> bool:
         return self.window != (-1, -1) or self.softcap > 0.0 or self.alibi is not None or self.sinks is not None
 
+    @property
+    def uses(self) -> frozenset[str]:
+        """The features the call uses, by the names ``record_uses`` gives a model's."""
+        if not self.used:
+            return _NO_FEATURES
+        names = (("window", self.window != (-1, -1)), ("softcap", self.softcap > 0.0),
+                 ("alibi", self.alibi is not None), ("sinks", self.sinks is not None))  # fmt: skip
+        return frozenset(n for n, on in names if on)
+
     def torch_scores(self, scores: torch.Tensor, tok0: int, n: int, first: int, Hkv: int, G: int) -> torch.Tensor:
         """The PyTorch decode path's scores [Hkv, G, tokens] of keys tok0... (scaled) with the
         soft-cap, ALiBi bias and window mask the kernels apply."""
@@ -535,6 +546,16 @@ class Features:
         if first > 0:
             scores = scores.masked_fill(pos < first, -math.inf)
         return scores
+
+
+_NO_FEATURES: frozenset[str] = frozenset()
+
+
+def record_uses(record: Any) -> frozenset[str]:
+    """The features an AttentionFeatures record enables: "window", "softcap", "alibi", "sinks"."""
+    names = (("window", record.sliding_window > 0), ("softcap", record.softcap > 0.0), ("alibi", record.alibi),
+             ("sinks", record.sinks))  # fmt: skip
+    return frozenset(n for n, on in names if on)
 
 
 def _features(op: str, ref_name: str, ref: torch.Tensor, H: int, window_size: Any, softcap: Any, alibi: Any,
@@ -572,6 +593,11 @@ class Attention:
     A call's head_dim may be any multiple of 8 up to the widest tile: its kernels run the
     smallest tile at least as wide (the tile is padded, not the tensors), with that tile's
     records, whose shared-memory checks were made for the tile.
+    ``model_head_dim``: model -> its head_dim; ``features``: model -> target -> its
+    AttentionFeatures.  A call with features runs the records of a model of its tile whose
+    features include the call's (their register checks counted them; the fewest extra
+    features, then the tile's own model, then by name); a call with features no such model uses
+    runs the tile's records, its kernel specialization compiled on first use.
     ``hardware``: target -> hardware record (its sm_count sizes the PyTorch path's tiles).
     ``target_name(hw, device)``: the spec name a call launches for.
     """
@@ -584,6 +610,8 @@ class Attention:
         model_of_head_dim: Mapping[int, str],
         hardware: Mapping[str, Any],
         target_name: Callable[[Any, Any], str],
+        model_head_dim: Optional[Mapping[str, int]] = None,
+        features: Optional[Mapping[str, Mapping[str, Any]]] = None,
     ) -> None:
         missing = [k for k in _DTYPE_KEY.values() if k not in policies] + [
             k for k in ("16bit", "fp32") if k not in decode
@@ -596,12 +624,18 @@ class Attention:
         self.head_dims = tuple(sorted(self.model_of_head_dim))
         self.hardware = hardware
         self.target_name = target_name
+        self.model_head_dim = dict(model_head_dim or {})
+        self.features = features or {}
+        # (tile, target, features) -> the model whose records serve such calls.
+        self._feature_models: dict[tuple[int, str, frozenset[str]], str] = {}
         self.native: dict[int, Optional[NativeDecode]] = {1: None, 2: None}
 
     # -- tables ---------------------------------------------------------------------------
 
-    def select(self, dtype: torch.dtype, head_dim: int, hw: Any = None, device: Any = None) -> Selected:
-        """The records and kernels that serve calls of ``dtype`` and ``head_dim`` on a target."""
+    def select(self, dtype: torch.dtype, head_dim: int, hw: Any = None, device: Any = None,
+               uses: frozenset[str] = _NO_FEATURES) -> Selected:
+        """The records and kernels that serve calls of ``dtype`` and ``head_dim`` on a target,
+        using the features ``uses`` ("window", "softcap", "alibi", "sinks"; none by default)."""
         key = _DTYPE_KEY.get(dtype)
         if key is None:
             raise ValueError(f"attention: dtype {dtype} is not served; expected float16, bfloat16 or float32")
@@ -610,9 +644,30 @@ class Attention:
             raise ValueError(f"attention: head_dim {head_dim} is not served; {self.served()}")
         model = self.model_of_head_dim[tile]
         target = self.target_name(hw, device)
+        if uses:
+            model = self._model_using(tile, target, frozenset(uses), model)
         policy = self.policies[key][model][target]
         dec = self.decode_tables[_CLASS_OF[key]][tile][target]
-        return Selected(target, model, policy.config, dec.launch, policy.prefill, dec.kernel)
+        feat = self.features.get(model, {}).get(target)
+        return Selected(target, model, policy.config, dec.launch, policy.prefill, dec.kernel, feat)
+
+    def _model_using(self, tile: int, target: str, uses: frozenset[str], default: str) -> str:
+        # The model of this tile whose features include ``uses``: the fewest extra ones, then
+        # the tile's own model, then by name; none: the tile's own model.
+        key = (tile, target, uses)
+        found = self._feature_models.get(key)
+        if found is None:
+            ranked = []
+            for model, head_dim in self.model_head_dim.items():
+                record = self.features.get(model, {}).get(target)
+                if record is None or self.tile_of(head_dim) != tile:
+                    continue
+                has = record_uses(record)
+                if uses <= has:
+                    ranked.append((len(has - uses), model != default, model))
+            found = min(ranked)[2] if ranked else default
+            self._feature_models[key] = found
+        return found
 
     def tile_of(self, head_dim: Any) -> Optional[int]:
         """The tile width (a head_dim of the tables) that serves ``head_dim``: the smallest at
@@ -682,7 +737,7 @@ class Attention:
         if cu_seqlens_q.device.type == "cpu":
             _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
         if kernel is None:
-            kernel = self.select(q.dtype, D, hw, q.device).prefill
+            kernel = self.select(q.dtype, D, hw, q.device, feat.uses).prefill
         elif kernel.dtype_class != _CLASS_OF[dkey]:
             raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {q.dtype}")
         if batch == 0 or max_q == 0 or H == 0 or total_q == 0:
@@ -763,7 +818,7 @@ class Attention:
         feat = _features(op, "query", query, H, window_size, softcap, alibi_slopes, sinks)
         out = _out(op, out, (S, H, D), query, "query")
         _runnable(op, "query", query)
-        sel = self.select(query.dtype, D, hw, query.device)
+        sel = self.select(query.dtype, D, hw, query.device, feat.uses)
         cfg = config if config is not None else sel.config
         lcfg = launch if launch is not None else sel.launch
         if kernel is None:
