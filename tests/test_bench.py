@@ -76,7 +76,7 @@ def test_membound_bench_smoke(tmp_path):
 def test_attention_bench_smoke(tmp_path):
     """Every phase of bench/attention.py ran on its smoke shapes, each case checked before it was
     timed: prefill (causal and not, both head dims, equal and ragged batches) against SDPA, decode
-    against SDPA and a copy, V1 against V2, the first call of new lengths."""
+    against SDPA and a copy, V1 against V2, the first call of new lengths, and the windowed cases."""
     out = run_bench("attention.py", tmp_path).stdout
     result = json.loads((tmp_path / "attention.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
@@ -88,8 +88,17 @@ def test_attention_bench_smoke(tmp_path):
         (c, d, r) for c in (True, False) for d in (128, 256) for r in (False, True)
     }
     assert all(r["ours_tflops"] > 0 and r["ratio"] > 0 for r in prefill)
-    peer_checks = [c for c in checks if c["check"].endswith(("(flex)", "(cudnn)", "(vllm)"))]
-    assert len(prefill) + len(result["decode"]) + len(result["v1_vs_v2"]) == len(checks) - len(peer_checks)
+    peer_checks = [c for c in checks if c["check"].endswith(("(flex)", "(cudnn)", "(vllm)", "(flex against ours)"))]
+    own = ("prefill", "decode", "v1_vs_v2", "window_prefill", "window_decode")
+    assert sum(len(result[phase]) for phase in own) == len(checks) - len(peer_checks)
+    # Issue 36's windows: prefill (one with Gemma-2's soft-cap) against FlexAttention with the same
+    # mask, decode as a fraction of a copy of the window's bytes.
+    windowed = result["window_prefill"]
+    assert {(r["head_dim"], r["softcap"]) for r in windowed} == {(128, 0.0), (256, 50.0)}
+    assert all(r["ours_tflops"] > 0 and r["ours_vs_flex"] > 0 for r in windowed)
+    assert {(r["head_dim"], r["softcap"]) for r in result["window_decode"]} == {(128, 0.0), (256, 50.0)}
+    for r in result["window_decode"]:  # the bytes of the window (fp16 K and V), not of the context
+        assert r["frac_copy"] > 0 and r["kv_bytes"] == 2 * r["batch"] * r["window"] * r["heads"][1] * r["head_dim"] * 2
     # The peers' columns at the smoke run's shortest prefill length: FlexAttention (cuDNN needs a
     # GPU: said so, not timed).
     first = [r for r in prefill if r["seq"] == 24]
