@@ -853,10 +853,11 @@ def one_window_prefill(label, D, H, Hkv, n, window, softcap):
     row.update(ours_ms=timed["ours"]["ms"], ours_tflops=flops / (timed["ours"]["ms"] * 1e-3) / 1e12)
     if "flex" in timed:
         # flex time / ours (> 1: ours faster), the median over rounds.
-        row.update(flex_ms=timed["flex"]["ms"], flex_tflops=flops / (timed["flex"]["ms"] * 1e-3) / 1e12,
-                   ours_vs_flex=1 / timed["flex"]["ratio"])  # fmt: skip
-    log(f"{name:52s} ours {row['ours_tflops']:7.1f} TFLOP/s"
-        + (f"  flex {row['flex_tflops']:7.1f}  flex/ours {row['ours_vs_flex']:.3f}" if "flex_ms" in row else ""))  # fmt: skip
+        flex_ms = timed["flex"]["ms"]
+        row.update(flex_ms=flex_ms, flex_tflops=flops / (flex_ms * 1e-3) / 1e12)
+        row["ours_vs_flex"] = 1 / timed["flex"]["ratio"]
+    peer = f"  flex {row['flex_tflops']:7.1f}  flex/ours {row['ours_vs_flex']:.3f}" if "flex_ms" in row else ""
+    log(f"{name:52s} ours {row['ours_tflops']:7.1f} TFLOP/s{peer}")
 
 
 def window_cache(batch, context, window, Hkv, D):
@@ -906,7 +907,8 @@ def one_window_decode(D, H, Hkv, batch, context, window, softcap):
     kv_bytes = 2 * batch * window * Hkv * D * query.element_size()
     sel = at.select(DT, D, hw=HW, device=torch.device(DEV), uses=("window",) + (("softcap",) if softcap else ()))
     row = {"name": name, "head_dim": D, "heads": [H, Hkv], "batch": batch, "context": context, "window": window,
-           "softcap": softcap, "kv_bytes": kv_bytes, "path": decode_path(sel, batch, window, Hkv), "ok": ok}  # fmt: skip
+           "softcap": softcap, "kv_bytes": kv_bytes, "ok": ok}  # fmt: skip
+    row["path"] = decode_path(sel, batch, window, Hkv)
     RES["window_decode"].append(row)
     if not ok:
         return
@@ -917,8 +919,10 @@ def one_window_decode(D, H, Hkv, batch, context, window, softcap):
     copy_bw = copy_bandwidth(kv_bytes)
     row.update(ours_us=timed["ours"]["ms"] * 1e3, ours_tbps=bw / 1e12, copy_tbps=copy_bw / 1e12,
                frac_copy=bw / copy_bw, frac_h200_copy=bw / (H200_COPY_TBPS * 1e12))  # fmt: skip
-    log(f"{name:66s} {row['path']:18s} {row['ours_us']:8.1f} us {row['ours_tbps']:6.3f} TB/s of the window "
-        f"({row['frac_copy']:.2f} of a copy of as many bytes, {row['frac_h200_copy']:.2f} of {H200_COPY_TBPS} TB/s)")  # fmt: skip
+    log(
+        f"{name:66s} {row['path']:18s} {row['ours_us']:8.1f} us {row['ours_tbps']:6.3f} TB/s of the window "
+        f"({row['frac_copy']:.2f} of a copy of as many bytes, {row['frac_h200_copy']:.2f} of {H200_COPY_TBPS} TB/s)"
+    )
 
 
 def phase_window(parts=("prefill", "decode")):

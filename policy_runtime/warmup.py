@@ -70,8 +70,8 @@ multiples of 16 elements keep it), in the dtypes asked:
   compile.  Each in every attention feature set the model's layers use (its AttentionFeatures
   record on the target: ``softcap``, ``alibi`` and ``sinks`` on every layer, ``sliding_window`` on
   its local layers, so a windowed model warms its windowed and its unwindowed kernels; fp32 slopes
-  and sinks), as ``attention_feature_sets`` lists them.  Other feature sets compile on first use.  A registered vendor decode kernel and
-  the PyTorch path of long sequences compile nothing.
+  and sinks), as ``attention_feature_sets`` lists them; other feature sets compile on first use.
+  A registered vendor decode kernel and the PyTorch path of long sequences compile nothing.
 - moe: fused_moe (the model's ``moe_activation``, or every activation where it names none; int32
   topk_ids, fp32 topk_weights, no expert_map) for each bucket of ``moe_launch`` (at
   the first token count up to 2**16 it serves) and each model with experts (its num_experts,

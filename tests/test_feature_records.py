@@ -118,7 +118,8 @@ def test_warm_up_compiles_the_specializations_the_records_enable(monkeypatch):
     from policy_runtime import warmup as W
 
     def plan():
-        return _specializations(W.plan(["generated.attention"], "h200", dtypes=["bfloat16"], models=["gemma2_9b", "llama31_8b"]))
+        models = ["gemma2_9b", "llama31_8b"]
+        return _specializations(W.plan(["generated.attention"], "h200", dtypes=["bfloat16"], models=models))
 
     both = lambda *sets: {(op, s) for op in ("prefill", "decode") for s in sets}  # noqa: E731
     seen = plan()
@@ -192,4 +193,5 @@ def test_a_tile_that_cannot_hold_a_models_features_is_refused_at_build(tmp_path,
     assert result.code == 2 and "Traceback" not in result.err, result.err
     line = next(line for line in result.err.splitlines() if "prefill_regs" in line)
     assert "specs/kernels/attention.toml:" in line and "model probe" in line and "h200" in line, line
-    assert "attention.base.triton_block_n" in line and f"prefill_regs = {refused} > hw.max_registers_per_thread = {regs}" in line, line
+    assert "attention.base.triton_block_n" in line, line
+    assert f"prefill_regs = {refused} > hw.max_registers_per_thread = {regs}" in line, line
