@@ -15,7 +15,11 @@ contiguous and vLLM's Triton paged decode (bench/peers.py); (3) V1 against V2 pa
 threshold; (4) the first call of a new length; (5) decode over an FP8 (e4m3fn) KV cache, batch >= 8,
 context >= 8k: its FP8 bytes a second against a device copy and the H200's 4.27 TB/s, its time
 against our bf16 cache on the same data, and vLLM's Triton decode with its k_scale (one scale for
-K and V: the peer applies k_scale to both).  JSON to $OUT/attention.json (or --json PATH).
+K and V: the peer applies k_scale to both); (6, window) issue 36's features: causal prefill
+with a sliding window (4096 at 16k and 32k tokens, and Gemma-2's 4096 with soft-cap 50) against
+compiled FlexAttention with the same mask and score_mod, and paged decode with a 4096-token
+window (batch 8-64, context 32k-128k) as KV bytes of the window a second, a fraction of a device
+copy.  JSON to $OUT/attention.json (or --json PATH).
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ def _parse():
     ap.add_argument(
         "--phases",
         nargs="+",
-        default=["prefill", "decode", "v1_v2", "first_call", "fp8_decode"],
-        choices=["prefill", "decode", "v1_v2", "first_call", "fp8_decode"],
+        default=["prefill", "decode", "v1_v2", "first_call", "fp8_decode", "window"],
+        choices=["prefill", "decode", "v1_v2", "first_call", "fp8_decode", "window", "window_prefill", "window_decode"],
         help="which phases to run, in this order (default: all)",
     )
     ap.add_argument(
@@ -103,6 +107,8 @@ RES: dict = {
     "v1_vs_v2": [],
     "first_call": {},
     "fp8_decode": [],
+    "window_prefill": [],
+    "window_decode": [],
     "correctness": [],
     "peers": {},
     "skipped": [],
@@ -137,7 +143,26 @@ FP8_CASES = (
     if SMOKE
     else [(8, 8192, False), (8, 32768, False), (32, 8192, False), (32, 32768, True), (64, 16384, False)]
 )
-# The H200's HBM3e bandwidth (4.8 TB/s nominal) as a device copy reaches it: the issue's reference.
+# Issue 36's windowed cases: prefill (name, head_dim, heads, KV heads, tokens, window, soft-cap),
+# one causal sequence each; decode (head_dim, heads, KV heads, batch, context, window, soft-cap).
+if SMOKE:
+    WINDOW_PREFILL = [("window d=128", 128, 4, 2, 70, 16, 0.0), ("gemma2 d=256", 256, 4, 2, 70, 16, 50.0)]
+    WINDOW_DECODE = [(128, 4, 2, 2, 600, 64, 0.0), (256, 4, 2, 2, 600, 64, 50.0)]
+else:
+    WINDOW_PREFILL = [
+        ("window d=128", 128, 32, 8, 16384, 4096, 0.0),
+        ("window d=128", 128, 32, 8, 32768, 4096, 0.0),
+        ("gemma2 d=256", 256, 16, 8, 16384, 4096, 50.0),
+    ]
+    WINDOW_DECODE = [
+        (128, 32, 8, 8, 32768, 4096, 0.0), (128, 32, 8, 8, 131072, 4096, 0.0), (128, 32, 8, 32, 32768, 4096, 0.0),
+        (128, 32, 8, 64, 32768, 4096, 0.0), (128, 32, 8, 64, 131072, 4096, 0.0),
+        (256, 16, 8, 8, 32768, 4096, 50.0), (256, 16, 8, 64, 32768, 4096, 50.0),
+    ]  # fmt: skip
+    if ARGS.quick:
+        WINDOW_PREFILL, WINDOW_DECODE = WINDOW_PREFILL[::2], WINDOW_DECODE[::2]
+# The H200's device copy (read + written bytes a second, bench/RESULTS.md): the brief's yardstick,
+# reported beside the copy of the same bytes that this run measures.
 H200_COPY_TBPS = 4.27
 BLOCK_SIZE = 16
 # Ragged batches: each sequence's length as a fraction of the phase's sequence length.
@@ -874,6 +899,201 @@ def one_fp8_decode(name, head_dim, H, Hkv, batch, context, ragged):
     )
 
 
+# 6. sliding windows (issue 36)
+
+
+def window_ref_rows(q, k, v, rows, window, softcap, scale):
+    """fp32 reference of the last ``rows`` query rows of one causal sequence with a window of
+    ``window`` keys (itself included) and a soft-cap: only the keys they see are read."""
+    n, H, D = q.shape
+    g = H // k.shape[1]
+    lo = max(0, n - rows - window + 1)
+    qq = q[n - rows :].float().transpose(0, 1)  # [H, rows, D]
+    kk = k[lo:].float().repeat_interleave(g, 1).transpose(0, 1)
+    vv = v[lo:].float().repeat_interleave(g, 1).transpose(0, 1)
+    s = torch.matmul(qq, kk.transpose(1, 2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(n - rows, n, device=q.device)[:, None]
+    j = torch.arange(lo, n, device=q.device)[None, :]
+    s = s.masked_fill(~((j <= i) & (j > i - window))[None], float("-inf"))
+    return torch.matmul(torch.softmax(s, -1), vv).transpose(0, 1)
+
+
+def flex_window(q, k, v, window, softcap):
+    """Compiled FlexAttention on one causal sequence with the same sliding-window mask (key j
+    seen by row i when i - window < j <= i) and soft-cap score_mod; the block mask built once."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    n = q.shape[0]
+
+    def mask_mod(b, h, qi, ki):
+        return (qi >= ki) & (qi - ki < window)
+
+    def score_mod(score, b, h, qi, ki):
+        return softcap * torch.tanh(score / softcap)
+
+    block_mask = create_block_mask(mask_mod, 1, None, n, n, device=DEV, _compile=not SMOKE)
+    qf, kf, vf = (t.transpose(0, 1)[None] for t in (q, k, v))
+    fa = flex_fn()
+    mod = score_mod if softcap > 0 else None
+
+    def run():
+        return fa(qf, kf, vf, block_mask=block_mask, score_mod=mod, enable_gqa=True)
+
+    return run
+
+
+def window_flops(n, window, H, D):
+    """Useful FLOPs of causal attention with a window: 4 * D per (row, key seen) pair, per head."""
+    # Row i sees min(i + 1, window) keys.
+    pairs = n * (n + 1) // 2 if n <= window else window * (window + 1) // 2 + (n - window) * window
+    return 4 * pairs * D * H
+
+
+def one_window_prefill(label, D, H, Hkv, n, window, softcap):
+    name = f"prefill {label} seq={n} window={window}" + (f" softcap={softcap:g}" if softcap else "")
+    q, k, v = rnd(n, H, D), rnd(n, Hkv, D), rnd(n, Hkv, D)
+    cu = torch.tensor([0, n], dtype=torch.int32, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    scale = 1 / math.sqrt(D)
+
+    def ours():
+        at.prefill_attention(q, k, v, cu, cu, n, n, causal=True, window_size=(window - 1, 0), softcap=softcap,
+                             out=out, hw=HW)  # fmt: skip
+
+    ours()
+    rows = min(n, 256)
+    ref = window_ref_rows(q, k, v, rows, window, softcap, scale)
+    sync()
+    ok = check(name, out[n - rows :], ref)
+    row = {"name": name, "head_dim": D, "heads": [H, Hkv], "seq": n, "window": window, "softcap": softcap, "ok": ok}
+    RES["window_prefill"].append(row)
+    if not ok:
+        return
+    methods = {"ours": ours}
+    if ARGS.no_flex:
+        RES["peers"]["flex"] = "left out (--no-flex)"
+    else:
+        try:
+            fn = flex_window(q, k, v, window, softcap)
+            got = fn()[0].transpose(0, 1)
+            sync()
+            # FlexAttention against the same reference rows and against ours over every row.
+            if check(f"{name} (flex)", got[n - rows :], ref) and check(f"{name} (flex against ours)", got, out):
+                methods["flex"] = fn
+        except Exception as e:  # noqa: BLE001
+            row["peer_errors"] = {"flex": f"{type(e).__name__}: {str(e)[:300]}"}
+            log(f"{name}: flex: {row['peer_errors']['flex']}")
+    timed = interleaved(methods, ROUNDS, "ours", timer(estimate_ms(ours)))
+    flops = window_flops(n, window, H, D)
+    row.update(ours_ms=timed["ours"]["ms"], ours_tflops=flops / (timed["ours"]["ms"] * 1e-3) / 1e12)
+    if "flex" in timed:
+        # flex time / ours (> 1: ours faster), the median over rounds.
+        flex_ms = timed["flex"]["ms"]
+        row.update(flex_ms=flex_ms, flex_tflops=flops / (flex_ms * 1e-3) / 1e12)
+        row["ours_vs_flex"] = 1 / timed["flex"]["ratio"]
+    peer = f"  flex {row['flex_tflops']:7.1f}  flex/ours {row['ours_vs_flex']:.3f}" if "flex_ms" in row else ""
+    log(f"{name:52s} ours {row['ours_tflops']:7.1f} TFLOP/s{peer}")
+
+
+def window_cache(batch, context, window, Hkv, D):
+    """A paged cache of batch x context tokens (blocks in random order) whose blocks before the
+    window hold NaN (a read there would show in the check), and the window's K and V contiguous
+    [batch, kv_heads, window, D]."""
+    per = -(-context // BLOCK_SIZE)
+    table = torch.randperm(batch * per, device=DEV).to(torch.int32).view(batch, per)
+    key_cache = torch.full((batch * per, BLOCK_SIZE, Hkv, D), float("nan"), device=DEV, dtype=DT)
+    value_cache = torch.full_like(key_cache, float("nan"))
+    first = (context - window) // BLOCK_SIZE  # the first block the window meets
+    ids = table[:, first:].reshape(-1).long()
+    for cache in (key_cache, value_cache):
+        cache[ids] = rnd(ids.numel(), BLOCK_SIZE, Hkv, D)
+
+    def window_of(cache):
+        toks = cache[table[:, first:].long()].view(batch, -1, Hkv, D)
+        # Tokens first * BLOCK_SIZE ... context - 1 (the last block's tail is past the context).
+        return toks[:, : context - first * BLOCK_SIZE][:, -window:].transpose(1, 2).float()
+
+    return key_cache, value_cache, table, window_of(key_cache), window_of(value_cache)
+
+
+def one_window_decode(D, H, Hkv, batch, context, window, softcap):
+    name = f"decode window={window} d={D} h={H} kv={Hkv} batch={batch} ctx={context}" + (
+        f" softcap={softcap:g}" if softcap else ""
+    )
+    key_cache, value_cache, table, k_w, v_w = window_cache(batch, context, window, Hkv, D)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=DEV)
+    query = rnd(batch, H, D)
+    out = torch.full_like(query, float("nan"))
+
+    def ours():
+        at.decode_attention(query, key_cache, value_cache, table, seq_lens, window_size=(window - 1, 0),
+                            softcap=softcap, out=out, hw=HW)  # fmt: skip
+
+    ours()
+    g = H // Hkv
+    qg = query.float().view(batch, Hkv, g, D)
+    s = torch.einsum("bhgd,bhwd->bhgw", qg, k_w) / math.sqrt(D)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    ref = torch.einsum("bhgw,bhwd->bhgd", torch.softmax(s, -1), v_w).reshape(batch, H, D)
+    sync()
+    ok = check(name, out, ref)
+    del s, ref, k_w, v_w
+    kv_bytes = 2 * batch * window * Hkv * D * query.element_size()
+    sel = at.select(DT, D, hw=HW, device=torch.device(DEV), uses=("window",) + (("softcap",) if softcap else ()))
+    row = {"name": name, "head_dim": D, "heads": [H, Hkv], "batch": batch, "context": context, "window": window,
+           "softcap": softcap, "kv_bytes": kv_bytes, "ok": ok}  # fmt: skip
+    row["path"] = decode_path(sel, batch, window, Hkv)
+    RES["window_decode"].append(row)
+    if not ok:
+        return
+    timed = interleaved({"ours": ours}, ROUNDS, "ours", timer(estimate_ms(ours)))
+    key_cache = value_cache = None
+    release()
+    bw = kv_bytes / (timed["ours"]["ms"] * 1e-3)
+    copy_bw = copy_bandwidth(kv_bytes)
+    row.update(ours_us=timed["ours"]["ms"] * 1e3, ours_tbps=bw / 1e12, copy_tbps=copy_bw / 1e12,
+               frac_copy=bw / copy_bw, frac_h200_copy=bw / (H200_COPY_TBPS * 1e12))  # fmt: skip
+    log(
+        f"{name:66s} {row['path']:18s} {row['ours_us']:8.1f} us {row['ours_tbps']:6.3f} TB/s of the window "
+        f"({row['frac_copy']:.2f} of a copy of as many bytes, {row['frac_h200_copy']:.2f} of {H200_COPY_TBPS} TB/s)"
+    )
+
+
+def phase_window(parts=("prefill", "decode")):
+    if "prefill" in parts:
+        for label, D, H, Hkv, n, window, softcap in WINDOW_PREFILL:
+            what = f"window prefill {label} seq={n}"
+            if over_budget(what):
+                continue
+            try:
+                one_window_prefill(label, D, H, Hkv, n, window, softcap)
+            except Exception as e:  # noqa: BLE001
+                record_error(what, e)
+            release()
+    if "decode" in parts:
+        for case in WINDOW_DECODE:
+            what = f"window decode {case}"
+            if over_budget(what):
+                continue
+            try:
+                one_window_decode(*case)
+            except Exception as e:  # noqa: BLE001
+                record_error(what, e)
+            release()
+    rows = [r for r in RES["window_prefill"] if "ours_vs_flex" in r]
+    drows = [r for r in RES["window_decode"] if "frac_copy" in r]
+    RES["window_summary"] = {
+        "min_prefill_ours_vs_flex": min((r["ours_vs_flex"] for r in rows), default=None),
+        "min_decode_frac_copy": min((r["frac_copy"] for r in drows), default=None),
+        "min_decode_frac_h200_copy": min((r["frac_h200_copy"] for r in drows), default=None),
+    }
+    log(f"window summary: {RES['window_summary']}")
+    write_json()
+
+
 def main():
     phase_meta()
     write_json()
@@ -883,6 +1103,9 @@ def main():
         "v1_v2": phase_v1_v2,
         "first_call": phase_first_call,
         "fp8_decode": phase_fp8_decode,
+        "window": phase_window,
+        "window_prefill": lambda: phase_window(("prefill",)),
+        "window_decode": lambda: phase_window(("decode",)),
     }
     for name in ARGS.phases:
         phases[name]()

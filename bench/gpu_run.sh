@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
-# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,peers,host_cost,warmup_classes,scaled_mm,first_call,warmup,fp8_kv}...   Logs go to $OUT (or /tmp).
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,peers,host_cost,warmup_classes,scaled_mm,first_call,warmup,fp8_kv,window}...   Logs go to $OUT (or /tmp).
 # first_call: only matmul's first-call latencies, 3 repeats (they move by tenths of a second between processes).
 # warmup: ahead-of-time warm-up of every kernel module (bf16, fp16), then the first calls after it and autotune's, 3 repeats.
 set -u
@@ -29,6 +29,12 @@ for step in "$@"; do
         scaled_mm)
             python3 -m pytest -q -p no:cacheprovider tests/test_scaled_mm.py 2>&1 | tee "$OUT/gpu_tests_scaled_mm.log" | tail -5 || status=1
             python3 bench/scaled_mm.py 2>&1 | tee "$OUT/bench_scaled_mm.log" || status=1 ;;
+        # Issue 36: the attention features in bf16 against float64 references, then windowed
+        # prefill against FlexAttention and windowed decode against a copy of the window's bytes.
+        window)
+            python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_attention_features_gpu.py tests/test_feature_records.py \
+                2>&1 | tee "$OUT/gpu_tests_window.log" | tail -5 || status=1
+            python3 bench/attention.py --phases window --json "$OUT/attention_window.json" 2>&1 | tee "$OUT/bench_attention_window.log" || status=1 ;;
         first_call) python3 bench/matmul.py --first-call-only --repeats 3 2>&1 | tee "$OUT/bench_first_call.log" || status=1 ;;
         warmup) python3 bench/warmup.py --repeats 3 2>&1 | tee "$OUT/bench_warmup.log" || status=1 ;;
         # Issue 35 item 4: the FP8 KV cache's tests on the GPU, then its decode phase (~1 min).

@@ -16,7 +16,16 @@ from typing import Any, Callable
 
 from .records import SpecTree
 from . import emit_rules
-from .models import HW_RECORD_FIELDS, MODEL_DIMENSIONS, ModelSpec, is_control, is_line_break, model_features
+from .models import (
+    HW_RECORD_FIELDS,
+    MODEL_DIMENSIONS,
+    MODEL_FEATURES,
+    ModelSpec,
+    feature_default,
+    is_control,
+    is_line_break,
+    model_features,
+)
 from .records import Instantiation, Resolution, VariantResolution
 
 # The environment variable that forces the target generated/dispatch.py serves when no hw is given.
@@ -330,7 +339,7 @@ def rules_data(resolution: Resolution, name: str) -> dict[str, Any]:
         values = {repr(params.get(p)) for params in cfg.variants.values()}
         args.append((p, given.get(p) or (values.pop() if len(values) == 1 else None)))
     for dim in model_dims:
-        default = ModelSpec.model_fields[dim].default
+        default = feature_default(dim) if dim in MODEL_FEATURES else ModelSpec.model_fields[dim].default
         args.append((f"model_{dim}", given.get(f"model.{dim}") or (repr(default) if default is not None else None)))
     functions = []
     for pol in policies:
@@ -341,6 +350,9 @@ def rules_data(resolution: Resolution, name: str) -> dict[str, Any]:
                 "policy": pol.label,
                 "line": cfg.source.where(pol.keypath),
                 "args": [p for p in fn.params] + [f"model_{d}" for d in fn.model_dims],
+                # Each argument's annotation: a variant parameter or dimension is an int, a
+                # feature its default's type (a flag, a soft-cap, a scoring's name).
+                "types": [arg_type(p) for p in fn.params] + [arg_type(d, model=True) for d in fn.model_dims],
                 "statements": fn.statements,
             }
         )
@@ -355,6 +367,13 @@ def rules_data(resolution: Resolution, name: str) -> dict[str, Any]:
         "computable": all(value is not None for _, value in args),
         "missing": [arg for arg, value in args if value is None],
     }
+
+
+def arg_type(name: str, model: bool = False) -> str:
+    """The annotation of a rule function's argument (``int`` but for a model feature that is not)."""
+    if model and name in MODEL_FEATURES:
+        return type(feature_default(name)).__name__
+    return "int"
 
 
 def selector_key(resolution: Resolution, vr: VariantResolution) -> tuple:

@@ -418,10 +418,29 @@ def model_features(spec: ModelSpec) -> list[tuple[str, Any]]:
     return [(f, getattr(spec, f)) for f in MODEL_FEATURES if getattr(spec, f) != fields[f].default]
 
 
+# What a rule reads for a feature the model leaves unset (None in its spec): no window, no
+# soft-cap, the experts in one group of which one is chosen (plain top-k), weights unscaled.
+FEATURE_OFF: dict[str, Any] = {
+    "sliding_window": 0,
+    "logit_softcap": 0.0,
+    "moe_num_expert_group": 1,
+    "moe_topk_group": 1,
+    "moe_routed_scaling_factor": 1.0,
+}
+
+
+def feature_default(name: str) -> Any:
+    """The value rules read for the feature ``name`` where a model does not use it."""
+    return FEATURE_OFF.get(name, ModelSpec.model_fields[name].default)
+
+
 def model_rule_namespace(spec: ModelSpec) -> dict[str, Any]:
-    """The ``model`` namespace of rules: the dimensions the model sets and the features it uses."""
+    """The ``model`` namespace of rules: the dimensions the model sets and every feature, those
+    it does not use at their FEATURE_OFF value, so a rule that reads a feature serves every model
+    (a dense model's routing: softmax, ungrouped)."""
     values = {attr: getattr(spec, attr) for attr in MODEL_DIMENSIONS}
     out = {attr: value for attr, value in values.items() if value is not None}
+    out.update((f, feature_default(f)) for f in MODEL_FEATURES)
     out.update(model_features(spec))
     return dict(sorted(out.items()))
 

@@ -30,7 +30,7 @@ from . import launch as _launch
 from .fp8_kv import FP8_DTYPE, kv_scale, unserved_error
 from .sizing import grid_even_share
 
-__all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected"]
+__all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected", "record_uses"]
 
 # In the kernels: scores are scaled by scale * log2(e) = scale * 1.4426950408889634 (softmax in
 # base 2: exp2 is one instruction), and a row's running max starts at -1e30, not -inf, so that a
@@ -442,6 +442,8 @@ class Selected:
     launch: Any
     prefill: PrefillKernel
     decode: DecodeKernel
+    # The model's AttentionFeatures record on the target (None where the tables have none).
+    features: Any = None
 
 
 # Table keys of the dtypes a call may have.
@@ -564,6 +566,15 @@ class Features:
     def used(self) -> bool:
         return self.window != (-1, -1) or self.softcap > 0.0 or self.alibi is not None or self.sinks is not None
 
+    @property
+    def uses(self) -> frozenset[str]:
+        """The features the call uses, by the names ``record_uses`` gives a model's."""
+        if not self.used:
+            return _NO_FEATURES
+        names = (("window", self.window != (-1, -1)), ("softcap", self.softcap > 0.0),
+                 ("alibi", self.alibi is not None), ("sinks", self.sinks is not None))  # fmt: skip
+        return frozenset(n for n, on in names if on)
+
     def torch_scores(self, scores: torch.Tensor, tok0: int, n: int, first: int, Hkv: int, G: int) -> torch.Tensor:
         """The PyTorch decode path's scores [Hkv, G, tokens] of keys tok0... (scaled) with the
         soft-cap, ALiBi bias and window mask the kernels apply."""
@@ -575,6 +586,16 @@ class Features:
         if first > 0:
             scores = scores.masked_fill(pos < first, -math.inf)
         return scores
+
+
+_NO_FEATURES: frozenset[str] = frozenset()
+
+
+def record_uses(record: Any) -> frozenset[str]:
+    """The features an AttentionFeatures record enables: "window", "softcap", "alibi", "sinks"."""
+    names = (("window", record.sliding_window > 0), ("softcap", record.softcap > 0.0), ("alibi", record.alibi),
+             ("sinks", record.sinks))  # fmt: skip
+    return frozenset(n for n, on in names if on)
 
 
 def _features(op: str, ref_name: str, ref: torch.Tensor, H: int, window_size: Any, softcap: Any, alibi: Any,
@@ -612,6 +633,11 @@ class Attention:
     A call's head_dim may be any multiple of 8 up to the widest tile: its kernels run the
     smallest tile at least as wide (the tile is padded, not the tensors), with that tile's
     records, whose shared-memory checks were made for the tile.
+    ``model_head_dim``: model -> its head_dim; ``features``: model -> target -> its
+    AttentionFeatures.  A call with features runs the records of a model of its tile whose
+    features include the call's (their register checks counted them; the fewest extra
+    features, then the tile's own model, then by name); a call with features no such model uses
+    runs the tile's records, its kernel specialization compiled on first use.
     ``hardware``: target -> hardware record (its sm_count sizes the PyTorch path's tiles).
     ``target_name(hw, device)``: the spec name a call launches for.
     ``decode_fp8``: query class -> head_dim -> target -> Decode over an FP8 (e4m3fn) KV cache;
@@ -628,6 +654,8 @@ class Attention:
         target_name: Callable[[Any, Any], str],
         decode_fp8: Optional[Mapping[str, Mapping[int, Mapping[str, Decode]]]] = None,
         fp8_unserved: Optional[Mapping[str, str]] = None,
+        model_head_dim: Optional[Mapping[str, int]] = None,
+        features: Optional[Mapping[str, Mapping[str, Any]]] = None,
     ) -> None:
         missing = [k for k in _DTYPE_KEY.values() if k not in policies] + [
             k for k in ("16bit", "fp32") if k not in decode
@@ -640,6 +668,10 @@ class Attention:
         self.head_dims = tuple(sorted(self.model_of_head_dim))
         self.hardware = hardware
         self.target_name = target_name
+        self.model_head_dim = dict(model_head_dim or {})
+        self.features = features or {}
+        # (tile, target, features) -> the model whose records serve such calls.
+        self._feature_models: dict[tuple[int, str, frozenset[str]], str] = {}
         self.native: dict[int, Optional[NativeDecode]] = {1: None, 2: None}
         self.decode_fp8_tables = decode_fp8 or {}
         self.fp8_unserved = dict(fp8_unserved or {})
@@ -647,9 +679,10 @@ class Attention:
     # -- tables ---------------------------------------------------------------------------
 
     def select(self, dtype: torch.dtype, head_dim: int, hw: Any = None, device: Any = None,
-               kv_fp8: bool = False) -> Selected:
-        """The records and kernels that serve calls of ``dtype`` and ``head_dim`` on a target
-        (``kv_fp8``: over an FP8 KV cache, whose decode tiles are AttentionLaunchFp8's)."""
+               uses: frozenset[str] = _NO_FEATURES, kv_fp8: bool = False) -> Selected:
+        """The records and kernels that serve calls of ``dtype`` and ``head_dim`` on a target,
+        using the features ``uses`` ("window", "softcap", "alibi", "sinks"; none by default);
+        ``kv_fp8``: over an FP8 KV cache, whose decode tiles are AttentionLaunchFp8's."""
         key = _DTYPE_KEY.get(dtype)
         if key is None:
             raise ValueError(f"attention: dtype {dtype} is not served; expected float16, bfloat16 or float32")
@@ -658,6 +691,8 @@ class Attention:
             raise ValueError(f"attention: head_dim {head_dim} is not served; {self.served()}")
         model = self.model_of_head_dim[tile]
         target = self.target_name(hw, device)
+        if uses:
+            model = self._model_using(tile, target, frozenset(uses), model)
         policy = self.policies[key][model][target]
         if kv_fp8:
             missing = self.fp8_unserved.get(target)
@@ -668,7 +703,26 @@ class Attention:
             dec = self.decode_fp8_tables[_CLASS_OF[key]][tile][target]
         else:
             dec = self.decode_tables[_CLASS_OF[key]][tile][target]
-        return Selected(target, model, policy.config, dec.launch, policy.prefill, dec.kernel)
+        feat = self.features.get(model, {}).get(target)
+        return Selected(target, model, policy.config, dec.launch, policy.prefill, dec.kernel, feat)
+
+    def _model_using(self, tile: int, target: str, uses: frozenset[str], default: str) -> str:
+        # The model of this tile whose features include ``uses``: the fewest extra ones, then
+        # the tile's own model, then by name; none: the tile's own model.
+        key = (tile, target, uses)
+        found = self._feature_models.get(key)
+        if found is None:
+            ranked = []
+            for model, head_dim in self.model_head_dim.items():
+                record = self.features.get(model, {}).get(target)
+                if record is None or self.tile_of(head_dim) != tile:
+                    continue
+                has = record_uses(record)
+                if uses <= has:
+                    ranked.append((len(has - uses), model != default, model))
+            found = min(ranked)[2] if ranked else default
+            self._feature_models[key] = found
+        return found
 
     def tile_of(self, head_dim: Any) -> Optional[int]:
         """The tile width (a head_dim of the tables) that serves ``head_dim``: the smallest at
@@ -764,7 +818,7 @@ class Attention:
             else:
                 _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
         if kernel is None:
-            kernel = self.select(q.dtype, D, hw, q.device, kv_fp8=kv_fp8).prefill
+            kernel = self.select(q.dtype, D, hw, q.device, feat.uses, kv_fp8=kv_fp8).prefill
         elif kv_fp8:
             self.select(q.dtype, D, hw, q.device, kv_fp8=True)  # the target must serve fp8 caches
         elif kernel.dtype_class != _CLASS_OF[dkey]:
@@ -853,7 +907,7 @@ class Attention:
         scales = _kv_scales(op, kv_fp8, k_scale, v_scale, query.device)
         out = _out(op, out, (S, H, D), query, "query")
         _runnable(op, "query", query)
-        sel = self.select(query.dtype, D, hw, query.device, kv_fp8=kv_fp8)
+        sel = self.select(query.dtype, D, hw, query.device, feat.uses, kv_fp8=kv_fp8)
         cfg = config if config is not None else sel.config
         lcfg = launch if launch is not None else sel.launch
         if kernel is None:

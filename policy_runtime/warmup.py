@@ -68,12 +68,13 @@ multiples of 16 elements keep it), in the dtypes asked:
 - attention: prefill (int32 cu_seqlens, causal and not) and paged decode (int32 block tables and
   lengths, cache blocks of ``block_size`` tokens) for each model whose head_dim the kernels serve,
   with the model's query and KV heads; decode so that both the decode kernel and the V2 merge
-  compile.  Each in every attention feature set the model's layers use (its MODEL_DIMS entry:
-  ``logit_softcap``, ``alibi`` and ``attention_sinks`` on every layer, ``sliding_window`` on its
-  local layers, so a windowed model warms its windowed and its unwindowed kernels; fp32 slopes
-  and sinks), as ``attention_feature_sets`` lists them.  A registered vendor decode kernel and
-  the PyTorch path of long sequences compile nothing.  On targets with e4m3fn, also decode over an
-  fp8 KV cache (float32 tensor scales; its own tiles) and the causal paged prefill over it.
+  compile.  Each in every attention feature set the model's layers use (its AttentionFeatures
+  record on the target: ``softcap``, ``alibi`` and ``sinks`` on every layer, ``sliding_window`` on
+  its local layers, so a windowed model warms its windowed and its unwindowed kernels; fp32 slopes
+  and sinks), as ``attention_feature_sets`` lists them; other feature sets compile on first use.
+  A registered vendor decode kernel and the PyTorch path of long sequences compile nothing.  On
+  targets with e4m3fn, also decode over an fp8 KV cache (float32 tensor scales; its own tiles) and
+  the causal paged prefill over it.
 - moe: fused_moe (the model's ``moe_activation``, or every activation where it names none; int32
   topk_ids, fp32 topk_weights, no expert_map) for each bucket of ``moe_launch`` (at
   the first token count up to 2**16 it serves) and each model with experts (its num_experts,
@@ -616,10 +617,17 @@ class AttentionDriver:
             if self.att.tile_of(hd) is None:
                 notes.append(f"attention {model}: head_dim {hd} is not served ({self.att.served()})")
                 continue
+            # The model's AttentionFeatures record on the target (its MODEL_DIMS entry where the
+            # tables have none): exactly the specializations the model's layers launch.
+            rec = self.att.features.get(model, {}).get(opts.target)
+            if rec is not None:
+                dims = {"sliding_window": rec.sliding_window, "logit_softcap": rec.softcap, "alibi": rec.alibi,
+                        "attention_sinks": rec.sinks}  # fmt: skip
             for dtype in opts.dtypes:
-                sel = self.att.select(_dtype(dtype), hd, opts.target)
                 tokens = 37 if other else 16
                 for label, feat in attention_feature_sets(dims):
+                    # The records a call of this set selects (its keys are Features.uses' names).
+                    sel = self.att.select(_dtype(dtype), hd, opts.target, uses=frozenset(feat))
                     for causal in (True, False):
                         what = ("prefill", model, dtype, "causal" if causal else "full", sel.prefill.name, label)
                         args = (opts.target, dtype, tokens, nq, nk, hd, causal, tuple(sorted(feat.items())))

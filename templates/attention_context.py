@@ -6,9 +6,10 @@ From the generic context (codegen/context.py) of the per-model ``attention`` con
 prefill tile and per distinct decode tile (named after their constants, so a name never moves
 when a target is added elsewhere), one policy object per AttentionConfig instantiation and dtype,
 one decode object per AttentionLaunch instantiation, the tables by dtype, model or head_dim and
-target, and which model's records serve each head_dim.  The same for the decode kernels over an
-FP8 KV cache (``attention_launch_fp8``, AttentionLaunchFp8: a kernel per record and query class)
-and the targets that config does not serve.
+target, which model's records serve each head_dim, and each model's AttentionFeatures
+(``attention_features``) by target.  The same for the decode kernels over an FP8 KV cache
+(``attention_launch_fp8``, AttentionLaunchFp8: a kernel per record and query class) and the
+targets that config does not serve.
 """
 
 from __future__ import annotations
@@ -190,8 +191,16 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
         if fits:
             model_of_head_dim.append((head_dim, fits[0][2]))
 
+    # Each model's AttentionFeatures (the default variant, per model and target) and the flags
+    # that name the kernel constants it enables: the records calls with features choose by.
+    feat = ctx["configs"]["attention_features"]
+    features_tables = []
+    for entry in feat["variants"]["attention_features"]["by_model"]:
+        features_tables.append({"model": entry["model"], "table": entry["table"]})
+
     ordered = sorted(kernels.values(), key=lambda k: (k["kind"] != "prefill", k["name"]))
     return {
+        "features_tables": features_tables,
         "kernels": ordered,
         "policies": policies,
         "policy_tables": policy_tables,

@@ -76,7 +76,8 @@ def test_membound_bench_smoke(tmp_path):
 def test_attention_bench_smoke(tmp_path):
     """Every phase of bench/attention.py ran on its smoke shapes, each case checked before it was
     timed: prefill (causal and not, both head dims, equal and ragged batches) against SDPA, decode
-    against SDPA and a copy, V1 against V2, the first call of new lengths, decode over an fp8 cache."""
+    against SDPA and a copy, V1 against V2, the first call of new lengths, decode over an fp8 cache,
+    and the windowed cases."""
     out = run_bench("attention.py", tmp_path).stdout
     result = json.loads((tmp_path / "attention.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
@@ -88,16 +89,25 @@ def test_attention_bench_smoke(tmp_path):
         (c, d, r) for c in (True, False) for d in (128, 256) for r in (False, True)
     }
     assert all(r["ours_tflops"] > 0 and r["ratio"] > 0 for r in prefill)
-    peer_checks = [c for c in checks if c["check"].endswith(("(flex)", "(cudnn)", "(vllm)", "(vllm fp8)"))]
+    peer_checks = [
+        c for c in checks if c["check"].endswith(("(flex)", "(cudnn)", "(vllm)", "(vllm fp8)", "(flex against ours)"))
+    ]
     fp8 = result["fp8_decode"]  # two checks a case: the fp8 cache's and the bf16 cache's
-    assert len(prefill) + len(result["decode"]) + len(result["v1_vs_v2"]) + 2 * len(fp8) == len(checks) - len(
-        peer_checks
-    )
+    own = ("prefill", "decode", "v1_vs_v2", "window_prefill", "window_decode")
+    assert sum(len(result[phase]) for phase in own) + 2 * len(fp8) == len(checks) - len(peer_checks)
     # The FP8-cache decode: both head dims, timed beside the bf16 cache, within e4m3's error of it.
     assert {(r["head_dim"], r["ragged"]) for r in fp8} == {(d, g) for d in (128, 256) for g in (False, True)}
     assert all(r["frac_copy"] > 0 and r["bf16_over_fp8"] > 0 and r["rel_err_vs_bf16_cache"] < 0.08 for r in fp8)
     if PEERS.is_file():
         assert [(r["head_dim"], r["batch"]) for r in fp8 if "vllm_us" in r] == [(128, 2)]
+    # Issue 36's windows: prefill (one with Gemma-2's soft-cap) against FlexAttention with the same
+    # mask, decode as a fraction of a copy of the window's bytes.
+    windowed = result["window_prefill"]
+    assert {(r["head_dim"], r["softcap"]) for r in windowed} == {(128, 0.0), (256, 50.0)}
+    assert all(r["ours_tflops"] > 0 and r["ours_vs_flex"] > 0 for r in windowed)
+    assert {(r["head_dim"], r["softcap"]) for r in result["window_decode"]} == {(128, 0.0), (256, 50.0)}
+    for r in result["window_decode"]:  # the bytes of the window (fp16 K and V), not of the context
+        assert r["frac_copy"] > 0 and r["kv_bytes"] == 2 * r["batch"] * r["window"] * r["heads"][1] * r["head_dim"] * 2
     # The peers' columns at the smoke run's shortest prefill length: FlexAttention (cuDNN needs a
     # GPU: said so, not timed).
     first = [r for r in prefill if r["seq"] == 24]

@@ -18,8 +18,8 @@ def test_explain_a_pick_lists_each_candidate_with_its_condition():
     assert lines[1].startswith("  served by nvidia>=80 (specs/kernels/attention.toml:")
     assert lines[2] == "  chains from base"
     assert (
-        "triton_block_n = 64: the first of [128, 64, 32, 16] for which 'kv_smem_bytes <= hw.max_shared_memory_per_block_optin'"
-        in lines[3]
+        "triton_block_n = 64: the first of [128, 64, 32, 16] for which 'kv_smem_bytes <= "
+        "hw.max_shared_memory_per_block_optin and prefill_regs <= hw.max_registers_per_thread'" in lines[3]
     )
     assert lines[4] == "    128: fails: kv_smem_bytes = 262,144 > hw.max_shared_memory_per_block_optin = 232,448"
     assert lines[5] == "    64: holds  <- chosen"

@@ -105,8 +105,8 @@ def test_a_tree_with_several_models_names_its_default(tmp_path):
 
 def test_show_lists_models_and_the_default_target():
     out = run_cli("show").out
-    assert "  qwen36 (default): Qwen3.6-35B-A3B (specs/models/qwen36.toml); configs: attention, moe" in out
-    assert "  llama31_8b: Llama-3.1-8B (specs/models/llama31_8b.toml); configs: attention" in out
+    assert "  qwen36 (default): Qwen3.6-35B-A3B (specs/models/qwen36.toml); configs: attention, attention_features, moe, moe_routing" in out
+    assert "  llama31_8b: Llama-3.1-8B (specs/models/llama31_8b.toml); configs: attention, attention_features" in out
     assert "default target: bi_v100" in out
 
 

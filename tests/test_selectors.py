@@ -55,9 +55,17 @@ def test_computed_records_equal_the_built_tables_for_every_model_and_target(D):
     model and target, the function the chain picks called with the model's dimensions."""
     import inspect
 
+    from codegen.models import feature_default
+
     cases = 0
     for config, chain in (("attention", D._SELECT_ATTENTION_CONFIG_CHAIN), ("moe", D._SELECT_MOE_CONFIG_CHAIN)):
-        variants = [k for k in D.kernel_names() if k == config or k.startswith(config + "_")]
+        # The config's variants (attention_fp16, ...), not the other configs named alike
+        # (attention_features, moe_routing), whose records the chain does not compute.
+        records = {"attention": D.AttentionConfig, "moe": D.MoEConfig}[config]
+        variants = [
+            k for k in D.kernel_names() if (k == config or k.startswith(config + "_"))
+            and isinstance(D.dispatch_kernel_config(k, "h200", "qwen36"), records)
+        ]  # fmt: skip
         for variant in variants:
             for model, dims in D.MODEL_DIMS.items():
                 if model not in D._CONFIGS[variant]:
@@ -68,7 +76,10 @@ def test_computed_records_equal_the_built_tables_for_every_model_and_target(D):
                     assert function is chain.function(hw.vendor, hw.arch_version, target)
                     args = {}
                     for arg in list(inspect.signature(function).parameters)[1:]:
-                        args[arg] = dims[arg[len("model_"):]] if arg.startswith("model_") else 2  # dtype_bytes
+                        # A feature the model does not use (absent from MODEL_DIMS) is read at its
+                        # "off" value (no window, False).
+                        name = arg[len("model_"):]
+                        args[arg] = dims.get(name, feature_default(name)) if arg.startswith("model_") else 2
                     assert function(hw, **args) == built, (variant, model, target)
                     cases += 1
     # attention, attention_fp16, attention_bf16 x 5 models + moe x the 3 with experts (qwen36,
@@ -178,7 +189,10 @@ def test_a_hand_built_record_is_computed_from_its_own_figures(D, seed):
     # A seed-style record of a part no spec names: Iluvatar arch 110 with twice the shared memory.
     big = seed.HardwareCapability(arch_version=110, max_shared_memory_per_block=98304, sm_count=24)
     rec = D.select_attention_config(big, 2, 256, 100000, 4)
-    assert rec.triton_block_n == 64 and rec.triton_num_warps == 4  # 64 * 256 * 2 * 2 fits 96 KB
+    # 64 rows fit its 96 KB (64 * 256 * 2 * 2) but not a thread's registers at the policy's 4
+    # warps (the fp32 accumulator alone is 64 * 256 / 128 = 128 a thread; ~278 in all): 32 rows.
+    assert rec.triton_block_n == 32 and rec.triton_num_warps == 4
+    assert D.select_attention_config(big, 2, 128, 100000, 4).triton_block_n == 64  # ~182 registers
     assert D.select_attention_config(seed.BI_V100, 2, 256, 100000, 4).triton_block_n == 32
     # The generated class, an NVIDIA arch no spec has (sm_75), through the base policy.
     t4 = D.HardwareCapability(vendor="nvidia", arch_version=75, max_shared_memory_per_block=49152,
@@ -233,10 +247,12 @@ def test_a_dense_model_is_named_once_in_the_summary_or_once_as_an_error(tmp_path
     root = _specs(tmp_path)
     shown = run_cli("--root", str(root), "show")
     assert shown.code == 0
-    # One line per dense model (llama31_8b, gemma2_9b), none per target.
-    assert shown.out.count("not served for") == 2
-    assert "moe: not served for llama31_8b: no num_experts, top_k\n" in shown.out
-    assert "moe: not served for gemma2_9b: no num_experts, top_k\n" in shown.out
+    # One line per config with experts (moe, moe_routing) and dense model (llama31_8b, gemma2_9b),
+    # none per target.
+    assert shown.out.count("not served for") == 4
+    for config in ("moe", "moe_routing"):
+        for model in ("llama31_8b", "gemma2_9b"):
+            assert f"{config}: not served for {model}: no num_experts, top_k\n" in shown.out
     moe = root / "specs/kernels/moe.toml"
     moe.write_text(moe.read_text().replace('[moe]\nrecord = "MoEConfig"\n', '[moe]\nrecord = "MoEConfig"\nmodels = ["qwen36", "llama31_8b"]\n'))
     bad = run_cli("--root", str(root), "check")
