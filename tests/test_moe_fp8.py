@@ -115,8 +115,8 @@ def layer(T, E, k, H, I, dtype, block):
     w2 = torch.randn(E, H, I) / I**0.5
     w1q, w1s = quant_weights(w1, block)
     w2q, w2s = quant_weights(w2, block)
-    weights, ids = M.topk_softmax(torch.randn(T, E), k, True)
-    return x, (w1, w2), (w1q, w1s, w2q, w2s), weights, ids
+    weights, ids = M.topk_softmax(torch.randn(T, E, device=DEVICE), k, True)
+    return x, (w1, w2), (w1q, w1s, w2q, w2s), weights.cpu(), ids.cpu()
 
 
 def to_device(*ts):
@@ -244,6 +244,7 @@ def test_policy_tables_and_unserved_targets():
     assert M.select(4096, 768, dtype=FP8, hw=HW).variant.kind == "grouped"
     assert M.select(1, 768, hw=HW).variant.kind != "grouped"  # the 16-bit tables are untouched
     x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(2, 4, 2, 128, 128, torch.float16, False)
+    x, w1q, w1s, w2q, w2s, weights, ids = to_device(x, w1q, w1s, w2q, w2s, weights, ids)
     for target in sorted(M.UNSERVED_FP8):
         with pytest.raises(ValueError, match=rf"fused_moe_fp8: target '{target}' has no fp8_e4m3fn"):
             M.fused_moe_fp8(x, w1q, w2q, weights, ids, w1_scale=w1s, w2_scale=w2s, hw=target)
@@ -283,9 +284,11 @@ def _bad_calls():
 
 def test_bad_arguments_name_them():
     calls, weights, ids = _bad_calls()
-    for pattern, (x, w1, w2), kw in calls:
+    weights, ids = to_device(weights, ids)
+    for pattern, tensors, kw in calls:
+        kw = {name: to_device(v)[0] for name, v in kw.items()}
         with pytest.raises(ValueError, match=pattern):
-            M.fused_moe_fp8(x, w1, w2, weights, ids, hw=HW, **kw)
+            M.fused_moe_fp8(*to_device(*tensors), weights, ids, hw=HW, **kw)
 
 
 @pytest.mark.skipif(GPU, reason="the scale-device check needs a CPU input and a second device")
