@@ -226,7 +226,9 @@ def main() -> int:
     notes = [why] if why else []
     has_sgmm = hasattr(torch, "_scaled_grouped_mm") and not ARGS.cpu_smoke
     if not has_sgmm:
-        notes.append("torch._scaled_grouped_mm: " + ("not timed in the smoke run" if ARGS.cpu_smoke else "not in this torch"))
+        notes.append(
+            "torch._scaled_grouped_mm: " + ("not timed in the smoke run" if ARGS.cpu_smoke else "not in this torch")
+        )
     print(f"target {hw}; {environment()}")
     for n in notes:
         print("note:", n)
@@ -234,8 +236,8 @@ def main() -> int:
     rows, errors = [], []
     for model, (E, H, I, k) in models.items():
         w = layer(E, H, I)
-        print(f"| {model} | T | fp8 bucket | " + " | ".join(["us per method", "fp8 block vs bf16", "vs vllm", "vs torch",
-                                                         "fp8 weight BW / copy"]) + " |")  # fmt: skip
+        columns = ["us per method", "fp8 block vs bf16", "vs vllm", "vs torch", "fp8 weight BW / copy"]
+        print(f"| {model} | T | fp8 bucket | " + " | ".join(columns) + " |")
         for T in tokens:
             g = torch.Generator(device=DEV).manual_seed(T)
             x = torch.randn(T, H, device=DEV, generator=g).to(DT)
@@ -283,6 +285,7 @@ def main() -> int:
                 if other in times:
                     row[key] = median_ratio(times[other], times["fp8 block"])
                     row[key.replace("block", "tensor")] = median_ratio(times[other], times["fp8 tensor"])
+            nan = float("nan")
             if T <= 16:
                 for n in ("fp8 block", "fp8 tensor"):
                     row[f"{n.replace(' ', '_')}_bw_frac_copy"] = fp8_bytes / (med[n] * 1e-3) / (COPY_TBS * 1e12)
@@ -292,7 +295,7 @@ def main() -> int:
                 + ", ".join(f"{n} {v:.1f}" for n, v in row["us"].items())
                 + f" | {row['fp8_block_vs_bf16']:.2f}x (tensor {row['fp8_tensor_vs_bf16']:.2f}x)"
                 + f" | {row.get('fp8_block_vs_vllm', float('nan')):.2f}x"
-                + f" | {row.get('fp8_block_vs_torch', float('nan')):.2f}x (tensor {row.get('fp8_tensor_vs_torch', float('nan')):.2f}x)"
+                + f" | {row.get('fp8_block_vs_torch', nan):.2f}x (tensor {row.get('fp8_tensor_vs_torch', nan):.2f}x)"
                 + (f" | block {row['fp8_block_bw_frac_copy']:.2f}, tensor {row['fp8_tensor_bw_frac_copy']:.2f}"
                    if T <= 16 else " | -")
                 + f" | max err {max(errs.values()):.2e} |"

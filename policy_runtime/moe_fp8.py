@@ -91,7 +91,7 @@ def _e4m3_round(v):
     return ((v * inverse + 12582912.0) - 12582912.0) * spacing
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _fp8_amax(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     # amax_ptr[0] = max(amax_ptr[0], |x| over a ROWS x BLOCK tile): grid (row tiles, column tiles),
     # amax_ptr zeroed before.
@@ -102,9 +102,25 @@ def _fp8_amax(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, ROWS: tl.constexpr, B
     tl.atomic_max(amax_ptr, tl.max(tl.abs(x.to(tl.float32))), sem="relaxed")
 
 
-@triton.jit
-def _fp8_quant(x_ptr, q_ptr, s_ptr, amax_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_qk, stride_sm,
-               stride_sk, MODE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["M"])
+def _fp8_quant(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    amax_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_qm,
+    stride_qk,
+    stride_sm,
+    stride_sk,
+    MODE: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # M (tokens or routed rows) is not specialized on, so a new T compiles nothing.
     # q = clamp(x / scale, -448, 448) in e4m3 for a ROWS x BLOCK tile (grid: row tiles, column
     # tiles).  MODE 0: scale s_ptr[0] (static per tensor); 1: max(amax_ptr[0], floor) / 448 (dynamic
     # per tensor; program (0, 0) stores it to s_ptr[0]); 2: per row and BLOCK-column group, its
@@ -157,13 +173,45 @@ def _fp8_epilogue(h, h_ptrs, hs_ptr, amax_ptr, mask, OUT: tl.constexpr, ROUND: t
 
 
 @triton.jit
-def _fp8_grouped_up(x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, amax_ptr, sorted_ptr, experts_ptr,
-                    post_pad_ptr, numel, num_m_blocks, N, K, top_k, stride_xm, stride_xk, stride_xsm,
-                    stride_xsk, stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk,
-                    stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-                    SCALING: tl.constexpr, OUT: tl.constexpr, ROUND: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+def _fp8_grouped_up(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    h_ptr,
+    hs_ptr,
+    amax_ptr,
+    sorted_ptr,
+    experts_ptr,
+    post_pad_ptr,
+    numel,
+    num_m_blocks,
+    N,
+    K,
+    top_k,
+    stride_xm,
+    stride_xk,
+    stride_xsm,
+    stride_xsk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_hm,
+    stride_hn,
+    ACT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SCALING: tl.constexpr,
+    OUT: tl.constexpr,
+    ROUND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+):
     # policy_runtime/moe.py's _grouped_up on e4m3 operands: one aligned block of one expert's rows,
     # BLOCK_N columns of each half of w1, grouped order.  SCALING 0: the accumulated tiles times
     # xs[0] * ws[e]; 1: each K step's products times xs[row, kb] and ws[e, n // 128, kb] (n the
@@ -227,12 +275,42 @@ def _fp8_grouped_up(x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, amax_ptr, sorte
 
 
 @triton.jit
-def _fp8_grouped_down(h_ptr, hs_ptr, w_ptr, ws_ptr, out_ptr, weights_ptr, sorted_ptr, experts_ptr,
-                      post_pad_ptr, numel, num_m_blocks, N, K, top_k, stride_hm, stride_hk, stride_hsm,
-                      stride_hsk, stride_we, stride_wn, stride_wk, stride_wse, stride_wsn, stride_wsk,
-                      stride_om, stride_on, EVEN_K: tl.constexpr, SCALING: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      GROUP_M: tl.constexpr, FUSE_SUM: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+def _fp8_grouped_down(
+    h_ptr,
+    hs_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    weights_ptr,
+    sorted_ptr,
+    experts_ptr,
+    post_pad_ptr,
+    numel,
+    num_m_blocks,
+    N,
+    K,
+    top_k,
+    stride_hm,
+    stride_hk,
+    stride_hsm,
+    stride_hsk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_om,
+    stride_on,
+    EVEN_K: tl.constexpr,
+    SCALING: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    FUSE_SUM: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+):
     # policy_runtime/moe.py's _grouped_down on e4m3 operands: weights[row] * (h[row] @ w[e].T) for
     # one aligned block, scaled as _fp8_grouped_up (h's scale hs[0] or hs[row, kb]); FUSE_SUM adds
     # it into out[row // k] (fp32, atomically), else writes out[row].
@@ -284,12 +362,41 @@ def _fp8_grouped_down(h_ptr, hs_ptr, w_ptr, ws_ptr, out_ptr, weights_ptr, sorted
 
 
 @triton.jit
-def _fp8_simt_up(x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, amax_ptr, ids_ptr, N, K, top_k, stride_xm,
-                 stride_xk, stride_xsm, stride_xsk, stride_we, stride_wn, stride_wk, stride_wse,
-                 stride_wsn, stride_wsk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-                 SCALING: tl.constexpr, OUT: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-                 EP: tl.constexpr = False):
+def _fp8_simt_up(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    h_ptr,
+    hs_ptr,
+    amax_ptr,
+    ids_ptr,
+    N,
+    K,
+    top_k,
+    stride_xm,
+    stride_xk,
+    stride_xsm,
+    stride_xsk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_hm,
+    stride_hn,
+    ACT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SCALING: tl.constexpr,
+    OUT: tl.constexpr,
+    ROUND: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    EP: tl.constexpr = False,
+):
     # One flat row r = t * k + j a program (axis 0), BLOCK_N columns of each half (axis 1), on the
     # CUDA cores (policy_runtime/moe.py's _simt_up on one-byte weights): each step a BLOCK_N x
     # BLOCK_K slab of both halves times the row (e4m3 values, products exact in fp32) into fp32
@@ -351,11 +458,36 @@ def _fp8_simt_up(x_ptr, xs_ptr, w_ptr, ws_ptr, h_ptr, hs_ptr, amax_ptr, ids_ptr,
 
 
 @triton.jit
-def _fp8_simt_down(h_ptr, hs_ptr, w_ptr, ws_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm,
-                   stride_hk, stride_hsm, stride_hsk, stride_we, stride_wn, stride_wk, stride_wse,
-                   stride_wsn, stride_wsk, stride_om, stride_on, SCALING: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                   SCALE_BLOCK: tl.constexpr, EP: tl.constexpr = False):
+def _fp8_simt_down(
+    h_ptr,
+    hs_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    weights_ptr,
+    ids_ptr,
+    N,
+    K,
+    top_k,
+    stride_hm,
+    stride_hk,
+    stride_hsm,
+    stride_hsk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_om,
+    stride_on,
+    SCALING: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    EP: tl.constexpr = False,
+):
     # One token t a program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores: for each
     # of its k experts in slot order, BLOCK_N x BLOCK_K slabs of w2 times the row of h, each
     # step's products times the slot's routing weight and scales (per tensor: hs[0] * ws[e]; block:
@@ -425,18 +557,31 @@ def _scale_tensor(op: str, name: str, s: Any, device: torch.device) -> torch.Ten
 
 
 def check_moe_scales(
-    op: str, H: int, inter: int, E: int, w1_scale: Any, w2_scale: Any, a1_scale: Any, a2_scale: Any,
-    block_shape: Any, device: torch.device,
+    op: str,
+    H: int,
+    inter: int,
+    E: int,
+    w1_scale: Any,
+    w2_scale: Any,
+    a1_scale: Any,
+    a2_scale: Any,
+    block_shape: Any,
+    device: torch.device,
 ) -> MoEScales:
     """The scaling a call's scales and ``block_shape`` ask for, or ValueError naming the argument."""
     blocked = block_shape is not None
     if blocked:
         ok = isinstance(block_shape, (list, tuple)) and len(block_shape) == 2
         if not ok or any(isinstance(v, bool) or v != SCALE_BLOCK for v in block_shape):
-            _fail(op, f"block_shape must be None (per-tensor scales) or [{SCALE_BLOCK}, {SCALE_BLOCK}], got {block_shape!r}")
+            _fail(
+                op,
+                f"block_shape must be None (per-tensor scales) or [{SCALE_BLOCK}, {SCALE_BLOCK}], got {block_shape!r}",
+            )
         for dim, size in (("H (hidden_states' columns)", H), ("I (w2's columns)", inter)):
             if size % SCALE_BLOCK:
-                _fail(op, f"block_shape {list(block_shape)}: the block size {SCALE_BLOCK} does not divide {dim} = {size}")
+                _fail(
+                    op, f"block_shape {list(block_shape)}: the block size {SCALE_BLOCK} does not divide {dim} = {size}"
+                )
     w1s = _scale_tensor(op, "w1_scale", w1_scale, device)
     w2s = _scale_tensor(op, "w2_scale", w2_scale, device)
     named = (("w1_scale", w1s, 2 * inter, H), ("w2_scale", w2s, H, inter))
@@ -445,7 +590,8 @@ def check_moe_scales(
         if blocked:
             want = (E, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK))
             if tuple(s.shape) != want:
-                _fail(op, f"{name} must be {want} (experts, {n}/{SCALE_BLOCK}, {k}/{SCALE_BLOCK} blocks) for block_shape "
+                blocks = f"(experts, {n}/{SCALE_BLOCK}, {k}/{SCALE_BLOCK} blocks)"
+                _fail(op, f"{name} must be {want} {blocks} for block_shape "
                           f"{list(block_shape)}, got {tuple(s.shape)}")  # fmt: skip
             strides.append(tuple(s.stride()))
         else:
@@ -463,7 +609,9 @@ def check_moe_scales(
             _fail(op, f"{name} must be None with block_shape: activations are quantized per token and "
                       f"{SCALE_BLOCK}-column group inside the call")  # fmt: skip
         if s.numel() != 1 or s.dim() > 2:
-            _fail(op, f"{name} must hold one value (a static per-tensor scale: (), (1,) or (1, 1)), got {tuple(s.shape)}")
+            _fail(
+                op, f"{name} must hold one value (a static per-tensor scale: (), (1,) or (1, 1)), got {tuple(s.shape)}"
+            )
         acts.append(s.reshape(1))
     return MoEScales(BLOCK if blocked else TENSOR, w1s, strides[0], w2s, strides[1], acts[0], acts[1])
 
@@ -623,7 +771,9 @@ class Fp8Variant:
             rows = out.zero_() if ep and not compiling else out
         else:
             rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=dev)
-        _launch._launch_kernel(self.down, grid, *down_head, rows, weights, *down_mid, *rows.stride(), *down_tail, **down_opts)
+        _launch._launch_kernel(
+            self.down, grid, *down_head, rows, weights, *down_mid, *rows.stride(), *down_tail, **down_opts
+        )
         if k > 1:
             block_n = min(_SUM_BLOCK, _launch._pow2ceil(H))
             block_t = _SUM_BLOCK // block_n

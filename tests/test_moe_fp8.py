@@ -14,13 +14,16 @@ Accuracy, two ways:
   the output's rounding.  ``TIGHT`` holds 2e-3 (fp16), 1e-4 (fp32).
 - the quantization error: against fused_moe (fp16) on the original, unquantized weights and
   activations.  e4m3 keeps 3 mantissa bits; with the activations, the weights and the intermediate
-  quantized, random normal layers here measured 5.0-6.4% (per tensor) and 4.6-5.3% (128-block),
-  against 0.03% for fused_moe itself: ``QUANT_BOUND`` holds 8%.
+  quantized, random normal layers (T 17, E 8, top-2, H = I = 128, seeds 0-4) measured 6.4-6.8%
+  (per tensor) and 6.2-6.4% (128-block), against 0.05% for fused_moe itself: ``QUANT_BOUND`` holds 8%.
 
 Sizes are small (E 4-8, H and I 128-256) so the file runs in seconds in the interpreter.
 """
 
 from __future__ import annotations
+
+import ast
+import inspect
 
 import pytest
 import torch
@@ -34,6 +37,10 @@ from policy_runtime import moe_fp8 as rt
 FP8 = torch.float8_e4m3fn
 BLOCK = [128, 128]
 TIGHT = {torch.float16: 2e-3, torch.float32: 1e-4, torch.bfloat16: 1e-2}
+if GPU:
+    # The FP8 MMA's shorter accumulation and fp32 division moving an intermediate element across
+    # an e4m3 rounding boundary (tests/test_moe_fp8_gpu.py's GPU_TIGHT).
+    TIGHT = {dtype: 1.5e-2 for dtype in TIGHT}
 QUANT_BOUND = 0.08
 # The target whose policy the tests run (its decode bucket is simt, the others grouped).
 HW = "h200"
@@ -145,9 +152,7 @@ def test_quantize_rounds_as_torch():
 SCALINGS = ("tensor dynamic", "tensor static", "block")
 
 
-@pytest.mark.parametrize(
-    "T, scaling", [(T, s) for T in (1, 7, 33) for s in SCALINGS if (T, s) != (7, "tensor static")]
-)
+@pytest.mark.parametrize("T, scaling", [(T, s) for T in (1, 7, 33) for s in SCALINGS if (T, s) != (7, "tensor static")])
 def test_tight_against_dequantized(T, scaling):
     """Through the h200 policy (T 1 its simt decode bucket, 7 and 33 grouped ones), fp16."""
     block = scaling == "block"
@@ -265,21 +270,25 @@ def _bad_calls():
     rag = torch.randn(3, 96).half()
     r1q, r1s = quant_weights(torch.randn(E, 2 * I, 96), True)
     r2q, r2s = quant_weights(torch.randn(E, 96, I), True)
-    return [
-        ("w1_scale must be \\(4,\\)", (x, w1q, w2q), dict(ok, w1_scale=w1s[:3])),
-        ("w2_scale must be float32", (x, w1q, w2q), dict(ok, w2_scale=w2s.half())),
-        ("w1_scale must be a float32 tensor", (x, w1q, w2q), dict(ok, w1_scale=[1.0] * 4)),
-        ("w1_scale must be \\(4, 2, 1\\)", (x, b1q, b2q), dict(blk, w1_scale=b1s[:, :1])),
-        ("w2_scale must be \\(4, 1, 1\\)", (x, b1q, b2q), dict(blk, w2_scale=w2s)),
-        ("block_shape must be None .* or \\[128, 128\\]", (x, b1q, b2q), dict(blk, block_shape=[64, 64])),
-        ("block size 128 does not divide H", (rag, r1q, r2q), dict(w1_scale=r1s, w2_scale=r2s, block_shape=BLOCK)),
-        ("a1_scale must be None with block_shape", (x, b1q, b2q), dict(blk, a1_scale=torch.ones(1))),
-        ("a2_scale must hold one value", (x, w1q, w2q), dict(ok, a2_scale=torch.ones(2))),
-        ("a1_scale must be float32", (x, w1q, w2q), dict(ok, a1_scale=torch.ones(1, dtype=torch.float64))),
-        ("w1 must be torch.float8_e4m3fn", (x, w1q.half(), w2q), ok),
-        ("hidden_states must be float16, bfloat16 or float32", (x.to(FP8), w1q, w2q), ok),
-        ("activation must be one of", (x, w1q, w2q), dict(ok, activation="relu")),
-    ], weights, ids
+    return (
+        [
+            ("w1_scale must be \\(4,\\)", (x, w1q, w2q), dict(ok, w1_scale=w1s[:3])),
+            ("w2_scale must be float32", (x, w1q, w2q), dict(ok, w2_scale=w2s.half())),
+            ("w1_scale must be a float32 tensor", (x, w1q, w2q), dict(ok, w1_scale=[1.0] * 4)),
+            ("w1_scale must be \\(4, 2, 1\\)", (x, b1q, b2q), dict(blk, w1_scale=b1s[:, :1])),
+            ("w2_scale must be \\(4, 1, 1\\)", (x, b1q, b2q), dict(blk, w2_scale=w2s)),
+            ("block_shape must be None .* or \\[128, 128\\]", (x, b1q, b2q), dict(blk, block_shape=[64, 64])),
+            ("block size 128 does not divide H", (rag, r1q, r2q), dict(w1_scale=r1s, w2_scale=r2s, block_shape=BLOCK)),
+            ("a1_scale must be None with block_shape", (x, b1q, b2q), dict(blk, a1_scale=torch.ones(1))),
+            ("a2_scale must hold one value", (x, w1q, w2q), dict(ok, a2_scale=torch.ones(2))),
+            ("a1_scale must be float32", (x, w1q, w2q), dict(ok, a1_scale=torch.ones(1, dtype=torch.float64))),
+            ("w1 must be torch.float8_e4m3fn", (x, w1q.half(), w2q), ok),
+            ("hidden_states must be float16, bfloat16 or float32", (x.to(FP8), w1q, w2q), ok),
+            ("activation must be one of", (x, w1q, w2q), dict(ok, activation="relu")),
+        ],
+        weights,
+        ids,
+    )
 
 
 def test_bad_arguments_name_them():
@@ -297,3 +306,43 @@ def test_scale_on_another_device():
     _, (x, w1, w2), kw = calls[0]
     with pytest.raises(ValueError, match="w1_scale is on meta but hidden_states is on cpu"):
         M.fused_moe_fp8(x, w1, w2, weights, ids, hw=HW, w1_scale=torch.ones(4, device="meta"), w2_scale=kw["w2_scale"])
+
+
+def test_each_record_holds_the_constants_its_kernels_bake_in():
+    fields = {"BLOCK_M": "block_m", "GROUP_M": "group_m", "FUSE_SUM": "fuse_sum"}
+    tile = {"up": {"BLOCK_N": "block_n", "BLOCK_K": "block_k", "STAGES": "num_stages"},
+            "down": {"BLOCK_N": "down_block_n", "BLOCK_K": "down_block_k", "STAGES": "down_num_stages"}}  # fmt: skip
+    for name, v in M.VARIANTS_FP8.items():
+        for part, kernel in (("up", v.up), ("down", v.down)):
+            tree = ast.parse(inspect.getsource(kernel.fn))
+            (call,) = [
+                n
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == f"_fp8_{v.kind}_{part}"
+            ]
+            consts = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if isinstance(kw.value, ast.Constant)}
+            known = {**fields, **tile[part]}
+            assert consts["SCALE_BLOCK"] == 128 and {"BLOCK_N", "BLOCK_K"} <= set(consts), name
+            assert {c: consts[c] for c in consts if c in known} == {
+                c: getattr(v, known[c]) for c in consts if c in known
+            }
+        assert v.name == name and v.up.fn.__module__ == M.__name__
+
+
+def test_no_argument_that_varies_with_T_is_specialized_on():
+    """T reaches the FP8 kernels only through the grid, the grouped ones' numel and row-block
+    bound, and the quantizing kernels' row count."""
+
+    def unspecialized(kernel):
+        names = getattr(kernel, "kwargs", {}).get("do_not_specialize")  # the interpreter's function
+        names = kernel.do_not_specialize if names is None else names
+        return {kernel.arg_names[n] if isinstance(n, int) else n for n in names or ()}
+
+    for v in M.VARIANTS_FP8.values():
+        for kernel in (v.up, v.down):
+            params = set(inspect.signature(kernel.fn).parameters)
+            if v.kind == "grouped":
+                assert unspecialized(kernel) == {"numel", "num_m_blocks"} <= params
+            else:
+                assert not {"T", "M", "numel", "num_m_blocks"} & params
+    assert unspecialized(rt._fp8_quant) == unspecialized(rt._fp8_amax) == {"M"}
