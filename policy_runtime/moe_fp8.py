@@ -703,17 +703,20 @@ class Fp8Variant:
         # The intermediate: quantized by the up GEMM's epilogue (static scale), else stored in x's
         # dtype and quantized after (its amax gathered by the up GEMM where dynamic per tensor).
         amax = None
+        simt = self.kind == "simt"
+        # Rows of other ranks' experts are never written by the grouped up GEMM; where a pass
+        # quantizes every row after it, they start at zero (never read either way).
+        alloc = torch.zeros if ep and not simt else torch.empty
         if scales.scaling == TENSOR and scales.a2 is not None:
             out_mode, h = OUT_STATIC, torch.empty((numel, inter), dtype=FP8, device=dev)
             hs_arg = amax_arg = scales.a2
         elif scales.scaling == TENSOR:
-            out_mode, h = OUT_AMAX, torch.empty((numel, inter), dtype=x.dtype, device=dev)
+            out_mode, h = OUT_AMAX, alloc((numel, inter), dtype=x.dtype, device=dev)
             amax = torch.zeros(1, dtype=torch.float32, device=dev)
             hs_arg = amax_arg = amax
         else:
-            out_mode, h = OUT_PLAIN, torch.empty((numel, inter), dtype=x.dtype, device=dev)
+            out_mode, h = OUT_PLAIN, alloc((numel, inter), dtype=x.dtype, device=dev)
             hs_arg = amax_arg = x_s
-        simt = self.kind == "simt"
         opts = dict(num_warps=self.num_warps, num_stages=1 if simt else self.num_stages)
         down_opts = dict(num_warps=self.down_num_warps, num_stages=1 if simt else self.down_num_stages)
         x_ss = x_s.stride() if x_s.dim() == 2 else (0, 0)
