@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
-# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,peers,host_cost,warmup_classes,scaled_mm,first_call,warmup,fp8_kv,window}...   Logs go to $OUT (or /tmp).
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,peers,host_cost,warmup_classes,scaled_mm,moe_fp8,first_call,warmup,fp8_kv,window}...   Logs go to $OUT (or /tmp).
 # first_call: only matmul's first-call latencies, 3 repeats (they move by tenths of a second between processes).
 # warmup: ahead-of-time warm-up of every kernel module (bf16, fp16), then the first calls after it and autotune's, 3 repeats.
 set -u
@@ -26,6 +26,11 @@ for step in "$@"; do
             python3 bench/attention.py --quick --json "$OUT/attention_peers.json" 2>&1 | tee "$OUT/bench_attention_peers.log" || status=1 ;;
         host_cost) python3 bench/host_cost.py 2>&1 | tee "$OUT/bench_host_cost.log" || status=1 ;;
         warmup_classes) python3 -m pytest -q -p no:cacheprovider tests/test_warmup_gpu.py -rs 2>&1 | tee "$OUT/warmup_classes.log" || status=1 ;;
+        moe_fp8)
+            python3 -m pytest -q -p no:cacheprovider tests/test_moe_fp8.py tests/test_moe_fp8_gpu.py 2>&1 | tee "$OUT/gpu_tests_moe_fp8.log" | tail -5 || status=1
+            for model in qwen3_30b mixtral dsv3; do
+                python3 bench/moe_fp8.py --model "$model" 2>&1 | tee "$OUT/bench_moe_fp8_$model.log" || status=1
+            done ;;
         scaled_mm)
             python3 -m pytest -q -p no:cacheprovider tests/test_scaled_mm.py 2>&1 | tee "$OUT/gpu_tests_scaled_mm.log" | tail -5 || status=1
             python3 bench/scaled_mm.py 2>&1 | tee "$OUT/bench_scaled_mm.log" || status=1 ;;

@@ -315,8 +315,10 @@ def _reshape_and_cache_kernel(
     off = slots - blk * block_size
     m = (slots >= 0)[:, None] & emask
     if FP8:
-        kv = _to_e4m3(kv.to(tl.float32) / tl.load(k_scale))
-        vv = _to_e4m3(vv.to(tl.float32) / tl.load(v_scale))
+        # div_rn: IEEE division (Triton's `/` on fp32 is approximate on NVIDIA GPUs, which moves
+        # values at a rounding boundary of e4m3 by one step against torch's and vLLM's x / scale).
+        kv = _to_e4m3(tl.math.div_rn(kv.to(tl.float32), tl.load(k_scale)))
+        vv = _to_e4m3(tl.math.div_rn(vv.to(tl.float32), tl.load(v_scale)))
     kc_offs = (blk * kc_bs + off * kc_ps)[:, None] + (head * kc_hs + dd)[None, :]
     tl.store(kc_ptr + kc_offs, kv, mask=m)
     vc_offs = (blk * vc_bs + off * vc_ps)[:, None] + (head * vc_hs + dd)[None, :]

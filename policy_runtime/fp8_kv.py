@@ -90,10 +90,12 @@ def _to_e4m3(x):
     # fp32 first, so that the final cast is exact: hardware's cvt.rn.satfinite gives the same bytes,
     # and Triton's interpreter (whose fp32 -> fp8 cast drops the carry of a mantissa that rounds up
     # into the next binade) does too.  Normal values (|x| >= 2^-6) keep 3 mantissa bits; subnormal
-    # ones are multiples of 2^-9, rounded by adding and subtracting 1.5 * 2^14.
+    # ones are multiples of 2^-9, rounded by adding and subtracting 1.5 * 2^14 to |x|, the sign put
+    # back after (a negative value that rounds to zero is -0.0, byte 0x80, as the hardware's is).
     x = tl.minimum(tl.maximum(x, -448.0), 448.0)
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
     normal = bits.to(tl.float32, bitcast=True)
-    sub = (x + 24576.0) - 24576.0
+    sub = (tl.abs(x) + 24576.0) - 24576.0
+    sub = tl.where(x < 0, -sub, sub)
     return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)

@@ -990,9 +990,14 @@ def _route(
 @dataclass(frozen=True)
 class MoE(PolicyTables):
     """fused_moe, buckets and select of generated/moe.py, over its tables (each target's
-    ``Policy`` per variant)."""
+    ``Policy`` per variant); ``fp8``: fused_moe_fp8's (policy_runtime.moe_fp8.MoEFp8), which
+    serve the dtype float8_e4m3fn."""
+
+    fp8: Any = None
 
     def policy(self, dtype: torch.dtype, hw: Any, device: Any) -> Policy:
+        if self.fp8 is not None and dtype == torch.float8_e4m3fn:
+            return self.fp8.policy(dtype, hw, device)
         if dtype not in self.variant_of_dtype:
             _fail("fused_moe", f"dtype must be float16, bfloat16 or float32, got {dtype}")
         return super().policy(dtype, hw, device)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+# The side of a scale block (DeepSeek-V3's 1x128 activations, 128x128 weights), as scaled_mm's.
+from .scaled_mm_constexprs import SCALE_BLOCK
+
 
 def body_constants(record: Mapping[str, Any], dtype_bytes: int) -> dict[str, tuple[str, dict[str, Any]]]:
     """``{"up": (body, constants), "down": (body, constants)}`` for one record: the name of the
@@ -34,3 +37,20 @@ def body_constants(record: Mapping[str, Any], dtype_bytes: int) -> dict[str, tup
         up = dict(up_tile, STAGES=record["num_stages"])
         down = dict(down_tile, STAGES=record["down_num_stages"])
     return {"up": (f"_{kind}_up", up), "down": (f"_{kind}_down", down)}
+
+
+def fp8_body_constants(record: Mapping[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """As ``body_constants``, for a ``moe_fp8_launch`` record: the bodies in
+    policy_runtime/moe_fp8.py its kernels call and their constants."""
+    kind = record["kernel"]
+    up_tile = dict(BLOCK_N=record["block_size_n"], BLOCK_K=record["block_size_k"])
+    down_tile = dict(BLOCK_N=record["down_block_size_n"], BLOCK_K=record["down_block_size_k"])
+    if kind == "grouped":
+        rows = dict(BLOCK_M=record["block_size_m"])
+        group = dict(GROUP_M=record["group_size_m"])
+        up = dict(rows, **up_tile, **group, SCALE_BLOCK=SCALE_BLOCK)
+        down = dict(rows, **down_tile, **group, FUSE_SUM=record["fuse_sum"], SCALE_BLOCK=SCALE_BLOCK)
+    else:  # simt: its loops' pipelining depth
+        up = dict(up_tile, STAGES=record["num_stages"], SCALE_BLOCK=SCALE_BLOCK)
+        down = dict(down_tile, STAGES=record["down_num_stages"], SCALE_BLOCK=SCALE_BLOCK)
+    return {"up": (f"_fp8_{kind}_up", up), "down": (f"_fp8_{kind}_down", down)}

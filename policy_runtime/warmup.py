@@ -85,7 +85,10 @@ multiples of 16 elements keep it), in the dtypes asked:
   prefill's routing compiles nothing either); and grouped_topk likewise, for the model's
   ``moe_scoring`` (or softmax and sigmoid), with and without a correction bias (fp32), with its
   ``moe_num_expert_group``, ``moe_topk_group`` and ``moe_routed_scaling_factor`` (none where it
-  names none).
+  names none).  fused_moe_fp8 (targets with e4m3fn; hidden_states in each dtype asked) for each
+  bucket of ``moe_fp8_launch`` the model's shape reaches, each activation as above, with static
+  per-tensor activation scales, dynamic ones and 128-block scales (where H and I are multiples of
+  128), scales float32 and contiguous.
 
 Everything else (another dtype, activation, block size or model, a stride of another class,
 fused_moe with an ``expert_map``, rotary_embedding on strided heads) compiles on first use as
@@ -725,6 +728,7 @@ class MoEDriver:
                         what = ("fused_moe", model, dtype, b.name, b.variant.name, act)
                         args = (opts.target, dtype, counts[i], E, k, inter, hidden, act)
                         calls.append(Call(self.module, "fused_moe", args, what, 3))
+                calls += self._fp8_calls(opts, model, dtype, inter, acts, notes)
                 # A token a program up to _TOPK_ONE_ROW_MAX_T tokens, tiles of tokens above.
                 for path, T in (("one row", 1), ("tiles", _TOPK_ONE_ROW_MAX_T + 1)):
                     for renormalize in (True, False):
@@ -756,6 +760,38 @@ class MoEDriver:
                 calls.append(Call(self.module, "grouped_topk", args, what))
         return calls
 
+    # fused_moe_fp8's scalings as its kernels specialize them (block: where H and I are multiples of 128).
+    FP8_SCALINGS = ("tensor static", "tensor dynamic", "block")
+
+    def _fp8_calls(
+        self, opts: Options, model: str, dtype: str, inter: int, acts: list[str], notes: list[str]
+    ) -> list[Call]:
+        """fused_moe_fp8 (the module's ``fp8`` tables, on targets with e4m3fn) for each bucket the
+        model's shape reaches, each scaling and activation; hidden_states in ``dtype``."""
+        fp8 = getattr(self.moe, "fp8", None)
+        if fp8 is None or opts.target in fp8.unserved:
+            note = f"moe fused_moe_fp8: not served on {opts.target}: no {fp8.unserved[opts.target]}" if fp8 else ""
+            if fp8 is not None and note not in notes:
+                notes.append(note)
+            return []
+        E, k, hidden = (opts.models[model][d] for d in ("num_experts", "top_k", "hidden_size"))
+        buckets, select = fp8.policies[fp8.variant_of_dtype[torch.float8_e4m3fn]][opts.target]
+        counts = _bucket_counts(lambda t: select(t, inter), buckets, opts)
+        calls = []
+        for i, b in enumerate(buckets):
+            if i not in counts:
+                continue
+            for scaling in self.FP8_SCALINGS:
+                if scaling == "block" and (hidden % 128 or inter % 128):
+                    notes.append(f"moe fused_moe_fp8 {opts.target} {b.name}: {model}'s H {hidden} or I {inter} "
+                                 "is not a multiple of 128: no block scaling")  # fmt: skip
+                    continue
+                for act in acts:
+                    what = ("fused_moe_fp8", model, dtype, b.name, b.variant.name, scaling, act)
+                    args = (opts.target, dtype, counts[i], E, k, inter, hidden, act, scaling)
+                    calls.append(Call(self.module, "fused_moe_fp8", args, what, 3))
+        return calls
+
     @staticmethod
     def _weight(shape: tuple[int, int, int], dt: torch.dtype, device: torch.device) -> torch.Tensor:
         # Zero-stride views over one expert: Triton specializes the zero expert stride as it does
@@ -776,6 +812,22 @@ class MoEDriver:
                 _empty((T, E), _dtype(dtype), device), k, renormalize, scoring_func=scoring,
                 e_score_correction_bias=_empty((E,), torch.float32, device) if bias else None,
                 num_expert_group=groups, topk_group=topk_group, routed_scaling_factor=scale,
+            )  # fmt: skip
+            return
+        if call.op == "fused_moe_fp8":
+            target, dtype, T, E, k, inter, hidden, act, scaling = call.args
+            fp8, blocked = torch.float8_e4m3fn, scaling == "block"
+            w1, w2 = self._weight((E, 2 * inter, hidden), fp8, device), self._weight((E, hidden, inter), fp8, device)
+            if blocked:
+                s1 = _empty((E, -(-2 * inter // 128), -(-hidden // 128)), torch.float32, device)
+                s2 = _empty((E, -(-hidden // 128), -(-inter // 128)), torch.float32, device)
+            else:
+                s1, s2 = _empty((E,), torch.float32, device), _empty((E,), torch.float32, device)
+            static = _empty((1,), torch.float32, device) if scaling == "tensor static" else None
+            self.moe.fp8.fused_moe_fp8(
+                _empty((T, hidden), _dtype(dtype), device), w1, w2, _empty((T, k), torch.float32, device),
+                torch.zeros((T, k), dtype=torch.int32, device=device), w1_scale=s1, w2_scale=s2, a1_scale=static,
+                a2_scale=static, block_shape=[128, 128] if blocked else None, activation=act, hw=target,
             )  # fmt: skip
             return
         target, dtype, T, E, k, inter, hidden, act = call.args

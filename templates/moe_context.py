@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from codegen.context import bucketed_policies, keyword_arguments, literal
-from policy_runtime.moe_constexprs import body_constants
+from policy_runtime.moe_constexprs import body_constants, fp8_body_constants
 
 # Record fields that become the kernels' constants (every field of a moe_launch record).
 KERNEL_FIELDS = (
@@ -122,4 +122,67 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
         for part, (body, constants) in k["bodies"].items():
             k[f"{part}_body"] = body
             k[f"{part}_constants"] = keyword_arguments(constants)
-    return {"kernels": ordered, "bodies": bodies, "policies": policies, "tables": tables}
+    return {
+        "kernels": ordered,
+        "bodies": bodies,
+        "policies": policies,
+        "tables": tables,
+        **fp8_context(ctx["configs"]["moe_fp8_launch"]),
+    }
+
+
+# Record fields of a moe_fp8_launch record (its kernels' constants).
+FP8_FIELDS = KERNEL_FIELDS[:-1]
+
+
+def fp8_kernel_name(tag: str, c: dict[str, Any]) -> str:
+    """``_moe_e4m3_grouped_64x128x128_g8_w4_s3``: as ``kernel_name``, for an FP8 record."""
+    return kernel_name(tag, {**c, "chained": False})
+
+
+def fp8_summary(c: dict[str, Any]) -> str:
+    """One line for the comment above an FP8 kernel pair."""
+    if c["kernel"] == "simt":
+        parts = [
+            f"e4m3 simt: one routed row a program on the CUDA cores, {c['block_size_n']}x{c['block_size_k']} slabs",
+            f"one token a program in the down GEMM, its experts in slot order in"
+            f" {c['down_block_size_n']}x{c['down_block_size_k']} slabs",
+            f"{c['num_warps']} warps",
+            f"{c['num_stages']} stage{'s' if c['num_stages'] > 1 else ''}",
+        ]
+        if (c["down_num_warps"], c["down_num_stages"]) != (c["num_warps"], c["num_stages"]):
+            parts.append(f"{c['down_num_warps']} warps, {c['down_num_stages']} stages in the down GEMM")
+        return ", ".join(parts) + "."
+    return "e4m3 " + kernel_summary({**c, "chained": False})
+
+
+def fp8_context(config: dict[str, Any]) -> dict[str, Any]:
+    """The FP8 kernels (``fp8_kernels``), their bodies, policies and tables, and the targets not
+    served (they lack the feature the config requires)."""
+    kernels: dict[str, dict[str, Any]] = {}
+
+    def kernel_for(tag: str, variant: dict[str, Any], user: str, bucket: dict[str, Any]) -> tuple[str, dict]:
+        consts = {f: bucket["record"][f] for f in FP8_FIELDS}
+        kname = fp8_kernel_name(tag, consts)
+        entry = kernels.setdefault(
+            kname,
+            {"name": kname, "kind": consts["kernel"], "c": consts, "summary": fp8_summary(consts), "users": []},
+        )
+        entry["users"].append(user)
+        return kname, {}
+
+    policies, tables = bucketed_policies(config, kernel_for)
+    ordered = sorted(kernels.values(), key=lambda k: k["name"])
+    for k in ordered:
+        k["literal"] = {field: literal(value) for field, value in {**k["c"], "name": k["name"]}.items()}
+        for part, (body, constants) in fp8_body_constants(k["c"]).items():
+            k[f"{part}_body"] = body
+            k[f"{part}_constants"] = keyword_arguments(constants)
+    unserved = {target: missing for v in config["variants"].values() for target, missing in v["unserved"]}
+    return {
+        "fp8_kernels": ordered,
+        "fp8_bodies": sorted({body for k in ordered for body in (k["up_body"], k["down_body"])}),
+        "fp8_policies": policies,
+        "fp8_tables": tables,
+        "fp8_unserved": sorted(unserved.items()),
+    }

@@ -209,3 +209,19 @@ def test_scaled_mm_bench_smoke(tmp_path):
         assert set(row["ms"]) == {
             "ours tensor", "_scaled_mm tensor", "ours rowwise", "_scaled_mm rowwise", "ours block", "bf16 matmul"
         }
+
+
+def test_moe_fp8_bench_smoke(tmp_path):
+    """bench/moe_fp8.py on its smoke shape: the simt decode bucket (T = 1, with the vLLM peer where
+    its file is) and a grouped one (T = 33), every method checked before it was timed."""
+    out = run_bench("moe_fp8.py", tmp_path).stdout
+    result = json.loads((tmp_path / "moe_fp8.json").read_text())
+    assert result["errors"] == [] and "ERROR" not in out and "2 cases, 0 errors" in out
+    rows = {r["T"]: r for r in result["rows"]}
+    assert sorted(rows) == [1, 33] and rows[1]["bucket"] == "decode" and rows[33]["bucket"] == "small"
+    for r in rows.values():
+        assert {"fp8 block", "fp8 tensor", "bf16"} <= set(r["us"]) and r["fp8_block_vs_bf16"] > 0
+        assert all(e < 8e-2 for e in r["errors"].values()) and r["errors"]["bf16"] < 2e-2, r
+    assert rows[1]["fp8_block_bw_frac_copy"] > 0 and "fp8_block_bw_frac_copy" not in rows[33]
+    if PEERS.is_file():
+        assert "vllm block" in rows[1]["us"] and rows[1]["fp8_block_vs_vllm"] > 0

@@ -113,10 +113,11 @@ def rel(a, b):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_fp8_write_gives_the_reference_bytes(dtype):
     """Odd token count, a skipped slot, int32 slots, a float and a tensor scale; values that
-    saturate, round across a binade (127.9 / 0.5 -> 256), round to e4m3's subnormals, or tie."""
+    saturate, round across a binade (127.9 / 0.5 -> 256), round to e4m3's subnormals, tie, or
+    round to zero keeping their sign (-0.0 is its own byte, 0x80)."""
     T, Hkv, D, bs, nb = 37, 2, 64, 16, 5
     key, value = rnd(T, Hkv, D, dtype=dtype, std=3.0), rnd(T, Hkv, D, dtype=dtype)
-    edge = torch.tensor([1e4, -1e4, 127.9, -63.97, 1e-3, -3e-3, 2.25, 0.0], dtype=dtype)
+    edge = torch.tensor([1e4, -1e4, 127.9, -63.97, 1e-3, -3e-3, 2.25, 0.0, -1e-4, -9e-4, 1e-4], dtype=dtype)
     key[0, 0, : edge.numel()] = edge.to(DEVICE) * 0.5
     kc = torch.zeros(nb, bs, Hkv, D, dtype=FP8, device=DEVICE)
     vc = torch.zeros_like(kc)

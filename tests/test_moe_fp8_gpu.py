@@ -1,0 +1,125 @@
+"""fused_moe_fp8 on a GPU (skipped without CUDA): what the interpreter cannot show.
+
+- The FP8 tensor-core path (e4m3 ``tl.dot``) and bf16 output, on every bucket of the device's
+  policy, both scalings, against float64 on the dequantized inputs with the activations quantized
+  as the call does (tests/test_moe_fp8.py's reference).  The GPU's FP8 MMA accumulates a tile's
+  products in fewer bits than fp32 (scaled_mm measured up to 5.7e-4), its fp32 division may
+  differ by an ulp from torch's (a rounding flip in an e4m3 element), and the output is bf16:
+  ``GPU_TIGHT`` holds 1.5e-2 (relative Frobenius norm).
+- After ``python -m policy_runtime.warmup --modules moe`` in one process (an empty Triton cache),
+  a fresh process's first fused_moe_fp8 calls (each bucket, both scalings, static and dynamic
+  per-tensor scales) compile nothing: no new cache entries and no cache misses where Triton has
+  a compilation listener.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+GPU_TIGHT = 1.5e-2
+
+
+def _target():
+    from generated import moe as M
+    from generated.dispatch import target_name
+
+    return M, target_name(None)
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
+def test_every_bucket_bf16_against_dequantized(block):
+    from test_moe_fp8 import dequant_weights, layer, reference
+
+    M, hw = _target()
+    if hw in M.UNSERVED_FP8:
+        pytest.skip(f"{hw} has no e4m3fn tensor cores")
+    torch.manual_seed(0)
+    E, k, H, I = 16, 4, 1024, 512
+    seen = set()
+    for T in (1, 3, 7, 33, 300, 1000, 2048):
+        bucket = M.select(T, I, dtype=torch.float8_e4m3fn, hw=hw)
+        seen.add(bucket.name)
+        x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(T, E, k, H, I, torch.bfloat16, block)
+        dev = [t.cuda() for t in (x, w1q, w2q, weights, ids, w1s, w2s)]
+        for a in (None, "static"):
+            if block and a:
+                continue
+            a1 = a2 = None
+            if a:
+                a1 = (x.float().abs().max() / 448).reshape(1).cuda()
+                a2 = torch.tensor([0.01], device="cuda")
+            out = M.fused_moe_fp8(*dev[:5], w1_scale=dev[5], w2_scale=dev[6], a1_scale=a1, a2_scale=a2,
+                                  block_shape=[128, 128] if block else None, hw=hw)  # fmt: skip
+            assert out.dtype == torch.bfloat16
+            ref = reference(x, dequant_weights(w1q, w1s), dequant_weights(w2q, w2s), weights, ids, block=block,
+                            a1=None if a1 is None else a1.cpu(), a2=None if a2 is None else a2.cpu())  # fmt: skip
+            err = ((out.cpu().double() - ref).norm() / ref.norm()).item()
+            assert err < GPU_TIGHT, (T, bucket.name, a, err)
+    assert seen == {b.name for b in M.buckets(hw=hw, dtype=torch.float8_e4m3fn)}
+
+
+CHILD = r"""
+import json, os, torch, triton
+cache = os.environ["TRITON_CACHE_DIR"]
+before = set(os.listdir(cache))
+misses = None
+compilation = getattr(triton.knobs, "compilation", None)
+if compilation is not None and hasattr(compilation, "listener"):
+    misses = []
+    def listener(*, src=None, metadata=None, cache_hit=True, **kwargs):
+        if not cache_hit:
+            misses.append(str((metadata or {}).get("name", src)))
+    compilation.listener = listener
+from generated import moe as M
+from generated.dispatch import MODEL_DIMS
+d = MODEL_DIMS["qwen36"]
+E, k, H, I = d["num_experts"], d["top_k"], d["hidden_size"], d["moe_intermediate_size"]
+fp8 = torch.float8_e4m3fn
+w1 = torch.randn(E, 2 * I, H, device="cuda").to(fp8)
+w2 = torch.randn(E, H, I, device="cuda").to(fp8)
+ran = []
+for T in (1, 3, 50, 300, 5000):
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    weights, ids = M.topk_softmax(torch.randn(T, E, device="cuda"), k, True)
+    for scaling in ("tensor static", "tensor dynamic", "block"):
+        blocked = scaling == "block"
+        s1 = torch.rand(E, 2 * I // 128, H // 128, device="cuda") if blocked else torch.rand(E, device="cuda")
+        s2 = torch.rand(E, H // 128, I // 128, device="cuda") if blocked else torch.rand(E, device="cuda")
+        a = torch.ones(1, device="cuda") if scaling == "tensor static" else None
+        M.fused_moe_fp8(x, w1, w2, weights, ids, w1_scale=s1, w2_scale=s2, a1_scale=a, a2_scale=a,
+                        block_shape=[128, 128] if blocked else None, activation=d.get("moe_activation") or "silu")
+        ran.append([T, scaling, M.select(T, I, dtype=fp8).name])
+torch.cuda.synchronize()
+new = sorted(set(os.listdir(cache)) - before)
+print(json.dumps({"new_cache_entries": new, "listener_misses": misses, "ran": ran}))
+"""
+
+
+def test_first_fp8_calls_after_warm_up_compile_nothing(tmp_path):
+    M, hw = _target()
+    if hw in M.UNSERVED_FP8:
+        pytest.skip(f"{hw} has no e4m3fn tensor cores")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TRITON_INTERPRET", None)
+    warm = subprocess.run(
+        [sys.executable, "-m", "policy_runtime.warmup", "--modules", "moe", "--dtypes", "bfloat16",
+         "--models", "qwen36"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=1800,
+    )  # fmt: skip
+    assert warm.returncode == 0, warm.stdout[-3000:] + warm.stderr[-3000:]
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, cwd=REPO, env=env, timeout=600
+    )
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert len({r[2] for r in result["ran"]}) >= 3, result["ran"]
+    assert result["new_cache_entries"] == [], result
+    assert not result["listener_misses"], result
