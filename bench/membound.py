@@ -55,8 +55,8 @@ import generated.transform as T  # noqa: E402
 from bench import reference_ops as R  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
 from bench.timing import cpu_ms, gpu_ms  # noqa: E402
-from policy_runtime import cache as cache_runtime  # noqa: E402
-from policy_runtime import transform as transform_runtime  # noqa: E402
+from policy_runtime.cache import ops as cache_runtime  # noqa: E402
+from policy_runtime.transform import ops as transform_runtime  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16

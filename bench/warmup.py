@@ -166,7 +166,7 @@ def phase_child() -> None:
 
     import generated
     from generated import matmul as mm
-    from policy_runtime import warmup as W
+    from policy_runtime.warmup import engine as W
 
     result = {"imports_s": time.perf_counter() - import_t0}
     modules = [f"generated.{m}" for m in generated.KERNEL_MODULES]

@@ -712,7 +712,8 @@ class ReadSpec(Spec):
     dims: tuple[Annotated[str, Field(pattern=r"^[a-z]$")], ...] = ()
 
 
-ModuleFile = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")]
+# A file under a template folder: "module.py.j2", or in a family's folder "matmul/module.py.j2".
+ModuleFile = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*$")]
 
 
 class ModuleSpec(Spec):

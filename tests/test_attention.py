@@ -29,8 +29,8 @@ from kernel_cases import (
     TARGETS,
     seeded,  # noqa: F401  (autouse fixture: a fixed seed per test)
 )
-from policy_runtime import attention as rt
-from policy_runtime.attention import DecodeKernel, PrefillKernel
+from policy_runtime.attention import ops as rt
+from policy_runtime.attention.ops import DecodeKernel, PrefillKernel
 
 # Argument values that live in device memory (lengths, offsets, block ids) are checked only for CPU
 # tensors: reading them from a GPU would synchronise every call (vLLM does not check them either).

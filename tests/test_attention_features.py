@@ -25,7 +25,7 @@ import torch
 
 from generated import attention as at
 from kernel_cases import DEVICE, GPU, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
-from policy_runtime import attention as rt
+from policy_runtime.attention import ops as rt
 
 ATT = at._ATTENTION
 TARGET = "h200"
@@ -317,7 +317,7 @@ def flags(kernel, args):
 def test_calls_without_features_launch_the_plain_specialization(monkeypatch):
     """Default arguments and explicit 'off' values (window (-1, -1), softcap 0) launch the same
     kernel with every feature flag off and the tile as wide as head_dim; a feature turns on its flag only."""
-    from policy_runtime.warmup import launch_key
+    from policy_runtime.warmup.engine import launch_key
 
     q, k = rnd(4, 2, 64, dtype=torch.float16), rnd(4, 1, 64, dtype=torch.float16)
     cu = i32([0, 4])
@@ -406,7 +406,7 @@ def test_each_models_dispatch_record_carries_exactly_the_features_it_uses():
 def test_warm_up_compiles_the_specializations_each_models_features_select():
     """A windowed model warms its global layers' kernels and its local layers' windowed ones; a
     model without features only the plain ones (every flag off)."""
-    from policy_runtime import warmup as W
+    from policy_runtime.warmup import engine as W
 
     plan = W.plan(["generated.attention"], TARGET, dtypes=["float16"])
     seen: dict[str, set] = {}

@@ -22,7 +22,7 @@ from bench.reference_ops import (  # noqa: E402
     swap_blocks_ref,
 )
 from generated.dispatch import dispatch_kernel_config  # noqa: E402
-from policy_runtime import cache as runtime  # noqa: E402
+from policy_runtime.cache import ops as runtime  # noqa: E402
 from policy_runtime import launch  # noqa: E402
 from kernel_cases import (  # noqa: E402
     DEVICE,

@@ -233,7 +233,8 @@ def test_the_shipped_families_declare_every_record_field_their_context_files_rea
     (exit 2, the file and the field) before anything is rendered."""
     import tomllib
 
-    from templates import matmul_context, moe_context
+    from templates.matmul import context as matmul_context
+    from templates.moe import context as moe_context
 
     for family, context in (("matmul", matmul_context), ("moe", moe_context)):
         spec = tomllib.loads((REPO / "specs" / "modules" / f"{family}.toml").read_text())

@@ -19,7 +19,7 @@ import triton
 from generated import matmul as mm
 from generated.dispatch import HARDWARE
 from policy_runtime import launch
-from policy_runtime import matmul as rt  # the kernel bodies and host side mm delegates to
+from policy_runtime.matmul import ops as rt  # the kernel bodies and host side mm delegates to
 
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 1e-2}
 GPU = torch.cuda.is_available()

@@ -21,7 +21,7 @@ import torch
 from generated import moe as M
 from generated.dispatch import HARDWARE, dispatch_kernel_config
 from kernel_cases import DEVICE, GPU, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
-from policy_runtime import moe as rt
+from policy_runtime.moe import ops as rt
 
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 2e-2}
 H, I = 64, 48  # hidden, expert intermediate: ragged against every tile

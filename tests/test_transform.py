@@ -21,7 +21,7 @@ from bench.reference_ops import (  # noqa: E402
 )
 from generated.dispatch import HARDWARE, dispatch_kernel_config  # noqa: E402
 from policy_runtime import launch  # noqa: E402
-from policy_runtime import transform as runtime  # noqa: E402
+from policy_runtime.transform import ops as runtime  # noqa: E402
 from kernel_cases import (  # noqa: E402
     BROAD,
     DEVICE,

@@ -29,10 +29,10 @@ from generated import dispatch
 from generated import matmul as mm
 from generated import moe
 from generated import transform as transform_ops
-from policy_runtime import cache as rt_cache
+from policy_runtime.cache import ops as rt_cache
 from policy_runtime import launch
-from policy_runtime import transform as rt_transform
-from policy_runtime import warmup as W
+from policy_runtime.transform import ops as rt_transform
+from policy_runtime.warmup import engine as W
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's side; bench/warmup.py on a GPU")
 

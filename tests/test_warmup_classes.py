@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from policy_runtime import warmup as W
+from policy_runtime.warmup import engine as W
 from generated import matmul as mm
 
 _PLANS: dict = {}

@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch as _launch
-from .lookup import PolicyTables
+from .. import launch as _launch
+from ..lookup import PolicyTables
 
 # ---------------------------------------------------------------------------------------
 # Kernel bodies: generated/matmul.py's specialized kernels call _grouped, _small_m and

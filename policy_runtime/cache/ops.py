@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import (
+from ..launch import (
     _INDEX_DTYPES,
     _Plan,
     _cdiv,

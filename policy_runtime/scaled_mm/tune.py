@@ -15,9 +15,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from . import scaled_mm as _smm
-from .scaled_mm_constexprs import SCALE_BLOCK, body_constants
-from .tuning import BoundKernel, Harness, Problem
+from . import ops as _smm
+from .constexprs import SCALE_BLOCK, body_constants
+from ..tuning import BoundKernel, Harness, Problem
 
 FP8 = torch.float8_e4m3fn
 

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch as _launch
-from .sizing import grid_even_share
+from .. import launch as _launch
+from ..sizing import grid_even_share
 
 __all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected"]
 

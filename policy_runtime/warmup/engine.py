@@ -108,14 +108,14 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 import triton
 
-from . import cache as _cache
-from . import launch as _launch
-from . import transform as _transform
-from .matmul import _splits as _mm_splits
-from .moe import _ACTIVATIONS as _MOE_ACTIVATIONS
-from .moe import _SCORINGS, _TOPK_ONE_ROW_MAX_T
-from .moe import grouped_topk as _grouped_topk
-from .moe import topk_softmax as _topk_softmax
+from ..cache import ops as _cache
+from .. import launch as _launch
+from ..transform import ops as _transform
+from ..matmul.ops import _splits as _mm_splits
+from ..moe.ops import _ACTIVATIONS as _MOE_ACTIVATIONS
+from ..moe.ops import _SCORINGS, _TOPK_ONE_ROW_MAX_T
+from ..moe.ops import grouped_topk as _grouped_topk
+from ..moe.ops import topk_softmax as _topk_softmax
 
 __all__ = [
     "Call",
@@ -1444,6 +1444,6 @@ def main(argv: Optional[Sequence[str]] = None, out: Any = None, err: Any = None)
 if __name__ == "__main__":
     # The imported module, not this __main__ copy: worker processes unpickle its classes by name.
     from policy_runtime.report import quiet_on_closed_pipe
-    from policy_runtime.warmup import main as _main
+    from policy_runtime.warmup.engine import main as _main
 
     sys.exit(quiet_on_closed_pipe(_main))

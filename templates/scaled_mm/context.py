@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from codegen.context import bucketed_policies, keyword_arguments, literal
-from policy_runtime.scaled_mm_constexprs import body_constants
+from policy_runtime.scaled_mm.constexprs import body_constants
 
 # Record fields that become the kernel's constants and launch options.
 KERNEL_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from codegen.context import bucketed_policies, keyword_arguments, literal
-from policy_runtime.matmul_constexprs import body_constants, fallback_record
+from policy_runtime.matmul.constexprs import body_constants, fallback_record
 
 # Record fields that become a Triton kernel's constants (the rest choose the backend).
 KERNEL_FIELDS = (

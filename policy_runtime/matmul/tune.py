@@ -25,9 +25,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from . import matmul as _mm
-from .matmul_constexprs import body_constants, fallback_record
-from .tuning import BoundKernel, Harness, Problem
+from . import ops as _mm
+from .constexprs import body_constants, fallback_record
+from ..tuning import BoundKernel, Harness, Problem
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:

@@ -17,9 +17,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from . import moe as _moe
-from .moe_constexprs import body_constants
-from .tuning import BoundKernel, Harness, Problem
+from . import ops as _moe
+from .constexprs import body_constants
+from ..tuning import BoundKernel, Harness, Problem
 
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:

@@ -28,10 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch as _launch
-from .lookup import PolicyTables
-from .scaled_mm_constexprs import SCALE_BLOCK
-from .matmul import _overlapping, _several_gpus, _tile_coords, _unservable
+from .. import launch as _launch
+from ..lookup import PolicyTables
+from .constexprs import SCALE_BLOCK
+from ..matmul.ops import _overlapping, _several_gpus, _tile_coords, _unservable
 
 # Input dtypes the kernels take, and the output dtypes they store.
 INPUT_DTYPES = (torch.float8_e4m3fn,)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from .tuning import Harness, Problem
+from ..tuning import Harness, Problem
 
 BLOCK_SIZE = 16
 

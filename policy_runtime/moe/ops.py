@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from . import launch as _launch
-from .lookup import PolicyTables
+from .. import launch as _launch
+from ..lookup import PolicyTables
 
 # Activations of the up GEMM's gate half, as vLLM's fused_moe names them (_act_and_mul's ACT).
 # swigluoai is gpt-oss's: alpha 1.702, limit 7, and its w1 interleaves gate and up rows (row 2n

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from codegen.context import bucketed_policies, keyword_arguments, literal
-from policy_runtime.moe_constexprs import body_constants
+from policy_runtime.moe.constexprs import body_constants
 
 # Record fields that become the kernels' constants (every field of a moe_launch record).
 KERNEL_FIELDS = (

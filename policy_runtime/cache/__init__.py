@@ -1,0 +1,1 @@
+"""The cache family's runtime (hand-written)."""

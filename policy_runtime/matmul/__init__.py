@@ -1,0 +1,1 @@
+"""The matmul family's runtime (hand-written)."""

@@ -1,0 +1,1 @@
+"""The moe family's runtime (hand-written)."""

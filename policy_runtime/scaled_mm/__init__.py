@@ -1,0 +1,1 @@
+"""The scaled_mm family's runtime (hand-written)."""

@@ -1,0 +1,1 @@
+"""The transform family's runtime (hand-written)."""
