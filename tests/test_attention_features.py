@@ -317,7 +317,7 @@ def flags(kernel, args):
 def test_calls_without_features_launch_the_plain_specialization(monkeypatch):
     """Default arguments and explicit 'off' values (window (-1, -1), softcap 0) launch the same
     kernel with every feature flag off and the tile as wide as head_dim; a feature turns on its flag only."""
-    from policy_runtime.warmup.engine import launch_key
+    from policy_runtime.warmup import launch_key
 
     q, k = rnd(4, 2, 64, dtype=torch.float16), rnd(4, 1, 64, dtype=torch.float16)
     cu = i32([0, 4])

@@ -310,7 +310,7 @@ def test_warmup_plans_every_bucket_scaling_and_layout():
 
 
 def rt_scalings() -> tuple[str, ...]:
-    from policy_runtime.warmup.engine import ScaledMmDriver
+    from policy_runtime.scaled_mm.warmup import ScaledMmDriver
 
     return ScaledMmDriver.SCALINGS
 

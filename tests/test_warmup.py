@@ -33,6 +33,9 @@ from policy_runtime.cache import ops as rt_cache
 from policy_runtime import launch
 from policy_runtime.transform import ops as rt_transform
 from policy_runtime.warmup import engine as W
+from policy_runtime.matmul.warmup import MatmulDriver
+from policy_runtime.warmup import calls as warmup_calls
+from policy_runtime.warmup import cli as warmup_cli
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's side; bench/warmup.py on a GPU")
 
@@ -166,13 +169,13 @@ def test_matmul_calls_cover_every_bucket_in_both_layouts(target):
     for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         buckets = mm.buckets(target, torch_dtype)
         covered = [c.covers[2:5] for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype]
-        assert sorted(set(covered)) == sorted((b.name, dtype, layout) for b in buckets for layout in W.MatmulDriver.LAYOUTS)
+        assert sorted(set(covered)) == sorted((b.name, dtype, layout) for b in buckets for layout in MatmulDriver.LAYOUTS)
         for call in (c for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype):
             _, _, M, N, K, _ = call.args
             bucket = mm.select(M, N, K, dtype=torch_dtype, hw=target)
             # Each call stands for the argument class of (N, K) it names (tests/test_warmup_classes.py).
             assert bucket.name == call.covers[2]
-            assert call.covers[5] == W.MatmulDriver.describe_class(W.MatmulDriver.arg_class(M, N, K, bucket.triton))
+            assert call.covers[5] == MatmulDriver.describe_class(MatmulDriver.arg_class(M, N, K, bucket.triton))
             names = launched(plan, "matmul", *call.covers)
             fallback = bucket.triton.fallback
             assert names == {bucket.triton.name} or (fallback is not None and names == {fallback.name}), names
@@ -235,7 +238,7 @@ def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
 
 
 def plan_keys(planner, *rest, max_tokens):
-    return {W._plan_key(planner(n, *rest)) for n in range(1, max_tokens + 1)}
+    return {warmup_calls._plan_key(planner(n, *rest)) for n in range(1, max_tokens + 1)}
 
 
 @pytest.mark.parametrize("target", ("h200", "bi_v100"))
@@ -296,7 +299,7 @@ def test_memory_bound_calls_cover_every_launch_plan_over_token_counts(target):
                 ]
                 # Every plan of a token count up to max_tokens has its call (larger counts, sampled,
                 # may add plans), and no plan has two.
-                assert {W._plan_text(k) for k in keys} <= set(shared), (model, dtype, op)
+                assert {warmup_calls.plan_text(k) for k in keys} <= set(shared), (model, dtype, op)
                 assert len(texts) == len(set(texts)), (model, dtype, op)
 
 
@@ -394,18 +397,18 @@ def test_module_and_package_warmup_report():
     ],
 )
 def test_command_line_errors_exit_2(argv, message, capsys):
-    assert W.main(argv) == 2
+    assert warmup_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("python -m policy_runtime.warmup: error: ") and message in err, err
 
 
 def test_command_line_plan_and_json(tmp_path, capsys):
-    assert W.main(["--hw", "h200", "--modules", "cache", "--dtypes", "fp16", "--plan"]) == 0
+    assert warmup_cli.main(["--hw", "h200", "--modules", "cache", "--dtypes", "fp16", "--plan"]) == 0
     out = capsys.readouterr().out
     assert "cache: reshape_and_cache llama31_8b float16" in out and out.rstrip().endswith("kernels")
     path = tmp_path / "report.json"
     argv = ["--hw", "h200", "--modules", "transform,cache", "--dtypes", "bf16", "--json", str(path), "--no-progress"]
-    assert W.main(argv) == 0
+    assert warmup_cli.main(argv) == 0
     assert "warm-up of h200 (bfloat16" in capsys.readouterr().out
     data = json.loads(path.read_text())
     assert data["modules"] == ["generated.transform", "generated.cache"] and data["failed"] == 0
@@ -427,7 +430,7 @@ def test_without_a_gpu_and_the_interpreter_warmup_says_so(monkeypatch, capsys):
     monkeypatch.setattr(launch, "_INTERPRET", False)
     with pytest.raises(RuntimeError, match="there is none"):
         generated.warmup("h200")
-    assert W.main(["--hw", "h200"]) == 2
+    assert warmup_cli.main(["--hw", "h200"]) == 2
     assert "there is none" in capsys.readouterr().err
 
 

@@ -1,8 +1,8 @@
-"""``python -m policy_runtime.warmup``."""
+"""``python -m policy_runtime.warmup`` (cli.py)."""
 
 import sys
 
 from policy_runtime.report import quiet_on_closed_pipe
-from policy_runtime.warmup.engine import main
+from policy_runtime.warmup.cli import main
 
 sys.exit(quiet_on_closed_pipe(main))
