@@ -14,20 +14,9 @@ from typing import Any
 from codegen.context import bucketed_policies, keyword_arguments, literal
 from policy_runtime.matmul.constexprs import body_constants, fallback_record
 
-# Record fields that become a Triton kernel's constants (the rest choose the backend).
-KERNEL_FIELDS = (
-    "kernel",
-    "block_m",
-    "block_n",
-    "block_k",
-    "group_m",
-    "split_k",
-    "num_warps",
-    "num_stages",
-    "flatten",
-    "epilogue_subtile",
-    "num_programs",
-)
+# The record field that chooses who serves a bucket; every other field of [matmul.fields] is a
+# Triton kernel's constant.
+BACKEND_FIELD = "backend"
 # Who serves a bucket's calls, per backend (the comment above the bucket).
 SERVED_BY = {
     "triton": "Triton",
@@ -108,6 +97,7 @@ def share_tables(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
+    kernel_fields = [name for name, _, _ in ctx["configs"]["matmul"]["fields"] if name != BACKEND_FIELD]
     kernels: dict[str, dict[str, Any]] = {}
 
     def kernel_for(tag: str, dtype_bytes: int, consts: dict[str, Any], user: str) -> str:
@@ -115,7 +105,7 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
         entry = kernels.get(name)
         if entry is None:
             # The body and the constants its wrapper passes (shared with codegen tune's harness,
-            # policy_runtime/matmul_tune.py).
+            # policy_runtime/matmul/tune.py).
             body, constants = body_constants(consts, dtype_bytes)
             entry = kernels[name] = {
                 "name": name,
@@ -135,7 +125,7 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
 
     def bucket_kernel(tag: str, variant: dict[str, Any], user: str, bucket: dict[str, Any]) -> tuple[str, dict]:
         rec = bucket["record"]
-        consts = {f: rec[f] for f in KERNEL_FIELDS}
+        consts = {f: rec[f] for f in kernel_fields}
         kname = kernel_for(tag, variant["params"]["dtype_bytes"], consts, user)
         return kname, {
             "library": rec["backend"] == "library",

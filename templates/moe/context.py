@@ -13,23 +13,6 @@ from typing import Any
 from codegen.context import bucketed_policies, keyword_arguments, literal
 from policy_runtime.moe.constexprs import body_constants
 
-# Record fields that become the kernels' constants (every field of a moe_launch record).
-KERNEL_FIELDS = (
-    "kernel",
-    "block_size_m",
-    "block_size_n",
-    "block_size_k",
-    "group_size_m",
-    "num_warps",
-    "num_stages",
-    "fuse_sum",
-    "down_block_size_n",
-    "down_block_size_k",
-    "down_num_warps",
-    "down_num_stages",
-    "chained",
-)
-
 
 def _down_differs(c: dict[str, Any]) -> bool:
     return (c["down_block_size_n"], c["down_block_size_k"], c["down_num_warps"], c["down_num_stages"]) != (
@@ -92,10 +75,12 @@ def kernel_summary(c: dict[str, Any]) -> str:
 
 
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
+    # Every field of a moe_launch record ([moe_launch.fields]) is a kernel constant.
+    kernel_fields = [name for name, _, _ in ctx["configs"]["moe_launch"]["fields"]]
     kernels: dict[str, dict[str, Any]] = {}
 
     def kernel_for(tag: str, variant: dict[str, Any], user: str, bucket: dict[str, Any]) -> tuple[str, dict]:
-        consts = {f: bucket["record"][f] for f in KERNEL_FIELDS}
+        consts = {f: bucket["record"][f] for f in kernel_fields}
         kname = kernel_name(tag, consts)
         entry = kernels.setdefault(
             kname,

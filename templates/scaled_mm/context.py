@@ -13,9 +13,6 @@ from typing import Any
 from codegen.context import bucketed_policies, keyword_arguments, literal
 from policy_runtime.scaled_mm.constexprs import body_constants
 
-# Record fields that become the kernel's constants and launch options.
-KERNEL_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
-
 
 def kernel_name(tag: str, c: dict[str, Any]) -> str:
     """``_smm_e4m3_128x256x128_g8_w8_s4``: the kernel's constants, spelt out."""
@@ -27,10 +24,12 @@ def kernel_name(tag: str, c: dict[str, Any]) -> str:
 
 def context(ctx: dict[str, Any]) -> dict[str, Any]:
     config = ctx["configs"]["scaled_mm"]
+    # Every field of a scaled_mm record ([scaled_mm.fields]) is a kernel constant.
+    kernel_fields = [name for name, _, _ in config["fields"]]
     kernels: dict[str, dict[str, Any]] = {}
 
     def kernel_for(tag: str, variant: dict[str, Any], user: str, bucket: dict[str, Any]) -> tuple[str, dict]:
-        consts = {f: bucket["record"][f] for f in KERNEL_FIELDS}
+        consts = {f: bucket["record"][f] for f in kernel_fields}
         kname = kernel_name(tag, consts)
         entry = kernels.setdefault(
             kname,
