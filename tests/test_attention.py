@@ -552,7 +552,7 @@ def test_each_kernel_bakes_in_the_constants_of_its_record():
             (call,) = [
                 n
                 for n in ast.walk(node)
-                if isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("_prefill", "_decode")
+                if isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("prefill_body", "decode_body")
             ]
             bodies[node.name] = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
     assert sorted(bodies) == sorted(at.KERNELS)
@@ -764,7 +764,7 @@ def test_decode_out_errors_and_an_empty_batch():
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
     from policy_runtime import launch
 
-    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     with pytest.raises(ValueError, match="query must be a CUDA tensor"):
         at.decode_attention(**decode_args(), hw="h200")
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):

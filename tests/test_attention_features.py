@@ -304,7 +304,7 @@ def test_decode_reads_only_the_windows_tokens():
 
 def launches(monkeypatch, fn):
     got = []
-    monkeypatch.setattr(rt._launch, "_launch_kernel", lambda kernel, grid, *a, **kw: got.append((kernel, a, kw)))
+    monkeypatch.setattr(rt._launch, "launch_kernel", lambda kernel, grid, *a, **kw: got.append((kernel, a, kw)))
     fn()
     return got
 

@@ -70,7 +70,7 @@ def test_warmup_planning_without_a_gpu_says_what_it_needs_in_one_line(monkeypatc
     import policy_runtime.launch as launch
     from policy_runtime.warmup import cli as W
 
-    monkeypatch.setattr(launch, "_INTERPRET", False)  # as without TRITON_INTERPRET=1
+    monkeypatch.setattr(launch, "INTERPRET", False)  # as without TRITON_INTERPRET=1
     assert W.main(["--hw", "h200", "--plan"]) == 2
     out, err = capsys.readouterr()
     assert out == ""

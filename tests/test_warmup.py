@@ -114,7 +114,7 @@ def test_compile_only_scope_runs_no_kernel_and_leaves_outputs_alone():
     }
     for name, call in calls.items():
         recorder = Recorder()
-        with launch._compile_only(recorder):
+        with launch.compile_only(recorder):
             result = call()
         assert recorder.kernels, name
         if name.startswith("fused_moe"):
@@ -129,19 +129,19 @@ def test_compile_only_scope_runs_no_kernel_and_leaves_outputs_alone():
 
 def test_compile_only_scope_is_this_threads_alone():
     seen = {}
-    with launch._compile_only(Recorder()):
-        assert launch._compiling()
-        worker = threading.Thread(target=lambda: seen.setdefault("other thread", launch._compiling()))
+    with launch.compile_only(Recorder()):
+        assert launch.compiling()
+        worker = threading.Thread(target=lambda: seen.setdefault("other thread", launch.compiling()))
         worker.start()
         worker.join()
     assert seen == {"other thread": False}
-    assert not launch._compiling() and launch._SCOPES == 0
+    assert not launch.compiling() and launch._SCOPES == 0
 
 
 def test_the_memory_bound_launch_path_hands_its_plan_to_the_scope():
     x = torch.randn(5, 64)
     recorder = Recorder()
-    with launch._compile_only(recorder):
+    with launch.compile_only(recorder):
         transform_ops.silu_and_mul(x, hw="h200")
         transform_ops.rms_norm(x, torch.ones(64), 1e-6, hw="h200")
     assert recorder.kernels == ["_silu_and_mul_kernel", "_rms_norm_kernel"]
@@ -260,26 +260,26 @@ def test_memory_bound_calls_cover_every_launch_plan_over_token_counts(target):
             esize = 2
             expected = {
                 ("rms_norm", "plain"): plan_keys(
-                    rt_transform._plan_rms_norm, hidden, esize, False, tr["rms_norm"][target], max_tokens=max_tokens
+                    rt_transform.plan_rms_norm, hidden, esize, False, tr["rms_norm"][target], max_tokens=max_tokens
                 ),
                 ("rms_norm", "residual"): plan_keys(
-                    rt_transform._plan_rms_norm, hidden, esize, True, tr["rms_norm"][target], max_tokens=max_tokens
+                    rt_transform.plan_rms_norm, hidden, esize, True, tr["rms_norm"][target], max_tokens=max_tokens
                 ),
                 ("silu_and_mul",): plan_keys(
-                    rt_transform._plan_silu_and_mul, inter, esize, tr["silu_and_mul"][target], max_tokens=max_tokens
+                    rt_transform.plan_silu_and_mul, inter, esize, tr["silu_and_mul"][target], max_tokens=max_tokens
                 ),
                 ("rotary_embedding", "neox"): plan_keys(
-                    rt_transform._plan_rotary_embedding,
+                    rt_transform.plan_rotary_embedding,
                     *(nq, nk, hd, hd, True, esize, tr["rotary_embedding"][target]),
                     max_tokens=max_tokens,
                 ),
                 ("reshape_and_cache",): plan_keys(
-                    rt_cache._plan_reshape_and_cache,
+                    rt_cache.plan_reshape_and_cache,
                     *(nk * hd, hd, esize, ca["reshape_and_cache"][target]),
                     max_tokens=max_tokens,
                 ),
                 ("copy_blocks",): plan_keys(
-                    rt_cache._plan_copy_blocks,
+                    rt_cache.plan_copy_blocks,
                     *(2, 16 * nk * hd, 8, esize, ca["copy_blocks"][target]),
                     max_tokens=max_tokens,
                 ),
@@ -427,7 +427,7 @@ def test_module_entry_point_and_bad_option():
 
 
 def test_without_a_gpu_and_the_interpreter_warmup_says_so(monkeypatch, capsys):
-    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     with pytest.raises(RuntimeError, match="there is none"):
         generated.warmup("h200")
     assert warmup_cli.main(["--hw", "h200"]) == 2

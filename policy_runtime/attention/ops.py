@@ -5,7 +5,7 @@ generated/attention.py (templates/attention.py.j2) holds what varies with the sp
 ``triton_num_warps/stages``) and per distinct decode tile (``AttentionLaunch``), each calling a
 body below with its constants as keyword arguments; the tables of records per dtype, model (or
 head_dim) and target; and the public functions, which hand those tables to an ``Attention``
-object (below).  Everything else is here: the bodies (``_prefill``, ``_decode``), the V2 merge
+object (below).  Everything else is here: the bodies (``prefill_body``, ``decode_body``), the V2 merge
 kernel, the PyTorch path of long decode sequences, the hook for vendor decode kernels, the
 argument checks and the path of one call.  The generated module's docstrings say what the entry
 points promise.  Names with a leading underscore are the kernel module's internals, not API.
@@ -46,7 +46,7 @@ _MERGE_BLOCK_D = 64
 _MAX_GRID_YZ = 65535
 
 # ---------------------------------------------------------------------------------------
-# Kernel bodies: generated/attention.py's specialized kernels call _prefill and _decode with
+# Kernel bodies: generated/attention.py's specialized kernels call prefill_body and decode_body with
 # their constants.
 
 
@@ -131,7 +131,7 @@ def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag
 
 
 @triton.jit
-def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, skt, skh, svt, svh,
+def prefill_body(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, skt, skh, svt, svh,
              sot, soh, win_left, win_right, softcap, alibi_ptr, sinks_ptr, HEAD_DIM: tl.constexpr,
              HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
              ALIBI: tl.constexpr, SINKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -213,7 +213,7 @@ def _prefill(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, 
 
 
 @triton.jit
-def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l, sm_scale, group,
+def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l, sm_scale, group,
             bt_stride, v1_limit, torch_limit, partition_size, max_parts, sqs, sqh, skb, skt, skh, svb,
             svt, svh, sos, soh, win_len, softcap, alibi_ptr, sinks_ptr, HEAD_DIM: tl.constexpr,
             HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr, WINDOW: tl.constexpr,
@@ -227,7 +227,7 @@ def _decode(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l
     # partition p covers its tokens [p * partition_size, (p + 1) * partition_size) and writes its
     # normalised partial output and its softmax state for _merge.  A context longer than
     # torch_limit is left to the PyTorch path.  SOFTCAP, ALIBI (vLLM's slope * (j - seq_len + 1))
-    # and SINKS (in partition 0's state) as in _prefill.
+    # and SINKS (in partition 0's state) as in prefill_body.
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -481,17 +481,10 @@ def _out(op: str, out: Any, shape: tuple[int, ...], ref: torch.Tensor, ref_name:
     return out
 
 
-def _runnable(op: str, name: str, t: torch.Tensor) -> None:
-    if not _launch._INTERPRET and not t.is_cuda:
-        raise ValueError(
-            f"{op}: {name} must be a CUDA tensor (got device {t.device}); set TRITON_INTERPRET=1 to run on the CPU"
-        )
-
-
 def _launch_on(t: torch.Tensor, fn: Callable[[], None]) -> None:
     # Launch on the tensors' device (a device guard only when it is not the current one).
-    if _launch._FIRST_LAUNCH:
-        _launch._ready_triton()
+    if _launch.FIRST_LAUNCH:
+        _launch.ready_triton()
     if t.is_cuda and t.get_device() != torch.cuda.current_device():
         with torch.cuda.device(t.device):
             fn()
@@ -499,14 +492,10 @@ def _launch_on(t: torch.Tensor, fn: Callable[[], None]) -> None:
         fn()
 
 
-def _pow2ceil(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
 def _tile_width(head_dim: int) -> int:
     # The kernels' tile across the head: the power of two at least head_dim (and 16, a
     # tensor-core step); columns past head_dim are masked, never read or written.
-    return max(16, _pow2ceil(head_dim))
+    return max(16, _launch.pow2ceil(head_dim))
 
 
 @dataclass(frozen=True)
@@ -675,7 +664,7 @@ class Attention:
             _same_device(op, name, t, q, "q")
         feat = _features(op, "q", q, H, window_size, softcap, alibi_slopes, sinks)
         out = _out(op, out, (total_q, H, D), q, "q")
-        _runnable(op, "q", q)
+        _launch.check_runnable(op, "q", q)
         batch = cu_seqlens_q.shape[0] - 1
         if batch > _MAX_GRID_YZ:
             raise ValueError(f"{op}: {batch} sequences; at most {_MAX_GRID_YZ} per call")
@@ -689,7 +678,7 @@ class Attention:
             return out
         cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
         cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
-        grid = (_launch._cdiv(max_q, kernel.block_m), H, batch)
+        grid = (_launch.cdiv(max_q, kernel.block_m), H, batch)
         # flash-attn's window: (left, right), -1 unbounded, right 0 under a causal mask.  An
         # unbounded side is a bound no key reaches; no window at all compiles no window code.
         left, right = feat.window
@@ -704,7 +693,7 @@ class Attention:
         sink = feat.sinks if feat.sinks is not None else dummy
 
         def run() -> None:
-            _launch._launch_kernel(
+            _launch.launch_kernel(
                 kernel.kernel, grid,
                 q, k, v, out, cu_q, cu_k, sm_scale, H // Hkv,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -762,7 +751,7 @@ class Attention:
             _same_device(op, name, t, query, "query")
         feat = _features(op, "query", query, H, window_size, softcap, alibi_slopes, sinks)
         out = _out(op, out, (S, H, D), query, "query")
-        _runnable(op, "query", query)
+        _launch.check_runnable(op, "query", query)
         sel = self.select(query.dtype, D, hw, query.device)
         cfg = config if config is not None else sel.config
         lcfg = launch if launch is not None else sel.launch
@@ -799,7 +788,7 @@ class Attention:
                 bound = max((n for n in spans if n <= torch_limit), default=0)
             self._decode_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
                                  kernel, bound, long_rows, feat, win_len)
-        if long_rows and not _launch._compiling():  # warm-up's compile-only scope: no Triton kernel here
+        if long_rows and not _launch.compiling():  # warm-up's compile-only scope: no Triton kernel here
             assert lens is not None
             sm_count = self.hardware[sel.target].sm_count
             _torch_decode(out, query, key_cache, value_cache, block_tables, lens, long_rows, sm_scale,
@@ -817,7 +806,7 @@ class Attention:
         version = 1 if bound <= cfg.v1_v2_threshold else 2
         native = self.native[version] if getattr(cfg, f"use_native_v{version}") and not feat.used else None
         if native is not None:
-            if _launch._compiling():
+            if _launch.compiling():
                 return  # warm-up's compile-only scope: a vendor kernel has nothing for it to compile
             if long_rows:
                 skip = set(long_rows)
@@ -843,7 +832,7 @@ class Attention:
             # dtype would compile a second kernel.
             part_o = part_m = part_l = _unused_fp32(query.device)
         group = H // Hkv
-        q_rows = max(16, _pow2ceil(group))
+        q_rows = max(16, _launch.pow2ceil(group))
         torch_limit = cfg.pytorch_decode_threshold
         kst, vst = key_cache.stride(), value_cache.stride()
         dummy = _unused_fp32(query.device)
@@ -853,7 +842,7 @@ class Attention:
         spans = seq_lens if win_len is None or parts == 1 else seq_lens.clamp(max=win_len)
 
         def run() -> None:
-            _launch._launch_kernel(
+            _launch.launch_kernel(
                 kernel.kernel, (S, Hkv, parts),
                 query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_m, part_l, sm_scale,
                 group, block_tables.stride(0), v1_limit, torch_limit, ps, parts, query.stride(0), query.stride(1),
@@ -865,8 +854,8 @@ class Attention:
             )  # fmt: skip
             if parts > 1:
                 block_d = min(_tile_width(D), _MERGE_BLOCK_D)
-                _launch._launch_kernel(
-                    _merge, (S, H, _launch._cdiv(D, block_d)),
+                _launch.launch_kernel(
+                    _merge, (S, H, _launch.cdiv(D, block_d)),
                     out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
                     out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
                 )  # fmt: skip
@@ -885,12 +874,12 @@ def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int,
         # than one partition.
         v1_limit = min(v1_limit, cfg.partition_size)
     ps = cfg.partition_size
-    parts = 1 if bound <= v1_limit else _launch._cdiv(bound, ps)
+    parts = 1 if bound <= v1_limit else _launch.cdiv(bound, ps)
     # A V2 launch with fewer programs than one wave of resident ones leaves memory bandwidth
     # unused: its partitions halve (down to v2_min_partition tokens) until it fills the wave.
     while 1 < parts and S * Hkv * parts < lcfg.v2_min_programs and ps // 2 >= lcfg.v2_min_partition:
         ps //= 2
-        parts = _launch._cdiv(bound, ps)
+        parts = _launch.cdiv(bound, ps)
     return v1_limit, ps, parts
 
 

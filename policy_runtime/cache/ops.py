@@ -27,18 +27,18 @@ import triton
 import triton.language as tl
 
 from ..launch import (
-    _INDEX_DTYPES,
-    _Plan,
-    _cdiv,
-    _check_device,
-    _check_float,
-    _check_runnable,
-    _fit_warps,
-    _launch_tables,
-    _pow2ceil,
-    _pow2floor,
-    _remember,
-    _run,
+    INDEX_DTYPES,
+    LaunchPlan,
+    cdiv,
+    check_device,
+    check_float,
+    check_runnable,
+    fit_warps,
+    launch_tables,
+    pow2ceil,
+    pow2floor,
+    remember,
+    run_plan,
 )
 
 __all__ = ["CacheKernels", "swap_blocks"]
@@ -67,7 +67,7 @@ class CacheKernels:
         launch: Mapping[str, Mapping[str, Any]],
         target_name: Callable[[Any, Any], str],
     ) -> None:
-        self.launch = _launch_tables(type(self).__name__, self.KERNELS, launch)
+        self.launch = launch_tables(type(self).__name__, self.KERNELS, launch)
         self.target_name = target_name
         self._rc_plans: dict = {}
         self._cb_plans: dict = {}
@@ -76,7 +76,7 @@ class CacheKernels:
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, *, hw=None):
         """Scatter key/value token rows into the paged caches at ``slot_mapping`` (-1: skip)."""
         op = "reshape_and_cache"
-        _check_float(op, "key", key)
+        check_float(op, "key", key)
         if key.dim() != 3 or value.shape != key.shape:
             raise ValueError(
                 f"{op}: key {tuple(key.shape)} and value {tuple(value.shape)} must both be "
@@ -97,7 +97,7 @@ class CacheKernels:
         nb, bs, ckvh, chs = key_cache.shape
         if (ckvh, chs) != (kvh, hs):
             raise ValueError(f"{op}: cache {tuple(key_cache.shape)} does not match key {tuple(key.shape)}")
-        if slot_mapping.dim() != 1 or slot_mapping.dtype not in _INDEX_DTYPES:
+        if slot_mapping.dim() != 1 or slot_mapping.dtype not in INDEX_DTYPES:
             raise ValueError(
                 f"{op}: slot_mapping must be 1-D int64 or int32, got "
                 f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
@@ -111,11 +111,11 @@ class CacheKernels:
             if t.stride(-1) != 1:
                 raise ValueError(f"{op}: {name} {tuple(t.shape)} needs unit last stride, got {t.stride()}")
         dev = key.get_device()
-        _check_runnable(op, "key", key)
-        _check_device(op, "value", value, dev, "key")
-        _check_device(op, "key_cache", key_cache, dev, "key")
-        _check_device(op, "value_cache", value_cache, dev, "key")
-        _check_device(op, "slot_mapping", slot_mapping, dev, "key")
+        check_runnable(op, "key", key)
+        check_device(op, "value", value, dev, "key")
+        check_device(op, "key_cache", key_cache, dev, "key")
+        check_device(op, "value_cache", value_cache, dev, "key")
+        check_device(op, "slot_mapping", slot_mapping, dev, "key")
         target = self.target_name(hw, key.device)
         if T == 0 or nb == 0:
             return
@@ -126,11 +126,11 @@ class CacheKernels:
         plan = self._rc_plans.get(key_)
         if plan is None:
             cfg = self.launch["reshape_and_cache"][target]
-            plan = _remember(self._rc_plans, key_, _plan_reshape_and_cache(T, E, hs, key.element_size(), cfg))
+            plan = remember(self._rc_plans, key_, plan_reshape_and_cache(T, E, hs, key.element_size(), cfg))
         kst, vst, kcst, vcst = key.stride(), value.stride(), key_cache.stride(), value_cache.stride()
         args = (key, value, key_cache, value_cache, slot_mapping, T, plan.info, E, bs)
         strides = (kst[0], kst[1], vst[0], vst[1], kcst[0], kcst[1], kcst[2], vcst[0], vcst[1], vcst[2])
-        _run(plan, dev, args + strides)
+        run_plan(plan, dev, args + strides)
 
     def copy_blocks(self, key_caches, value_caches, block_mapping, *, hw=None):
         """``cache[dst] = cache[src]`` for every row (src, dst) of block_mapping and every cache,
@@ -143,11 +143,11 @@ class CacheKernels:
             return
         caches = [*key_caches, *value_caches]
         c0 = caches[0]
-        _check_float(op, "key_caches[0]", c0)
+        check_float(op, "key_caches[0]", c0)
         if c0.dim() < 1:
             raise ValueError(f"{op}: caches need a leading num_blocks dim, got shape ()")
         shape, strides, dtype, dev = c0.shape, c0.stride(), c0.dtype, c0.get_device()
-        _check_runnable(op, "key_caches[0]", c0)
+        check_runnable(op, "key_caches[0]", c0)
         for i, c in enumerate(caches):
             if c.dtype != dtype:
                 raise TypeError(f"{op}: cache {i} dtype {c.dtype} != key_caches[0] dtype {dtype}")
@@ -180,8 +180,8 @@ class CacheKernels:
         plan = self._cb_plans.get(key)
         if plan is None:
             cfg = self.launch["copy_blocks"][target]
-            plan = _remember(self._cb_plans, key, _plan_copy_blocks(n, len(caches), block_numel, unit, esize, cfg))
-        _run(plan, dev, (c0, table, block_mapping, n, plan.info, strides[0], block_numel))
+            plan = remember(self._cb_plans, key, plan_copy_blocks(n, len(caches), block_numel, unit, esize, cfg))
+        run_plan(plan, dev, (c0, table, block_mapping, n, plan.info, strides[0], block_numel))
 
     def _offset_table(self, caches: list, esize: int, device: torch.device) -> tuple[torch.Tensor, int]:
         """(device table of each cache's offset from caches[0] in UNITs, UNIT), memoised by the
@@ -219,7 +219,7 @@ def swap_blocks(src, dst, block_mapping):
 
 
 def _check_mapping(op: str, block_mapping: torch.Tensor) -> None:
-    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2 or block_mapping.dtype not in _INDEX_DTYPES:
+    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2 or block_mapping.dtype not in INDEX_DTYPES:
         raise ValueError(
             f"{op}: block_mapping must be [n, 2] int64 or int32, got "
             f"{tuple(block_mapping.shape)} {block_mapping.dtype}"
@@ -283,24 +283,24 @@ def _reshape_and_cache_kernel(
     tl.store(vc_ptr + vc_offs, vv, mask=m)
 
 
-def _plan_reshape_and_cache(n_tokens: int, kv_elems: int, head_size: int, esize: int, cfg: Any) -> _Plan:
+def plan_reshape_and_cache(n_tokens: int, kv_elems: int, head_size: int, esize: int, cfg: Any) -> LaunchPlan:
     """Constexprs (HEAD_SIZE, BLOCK_T, BLOCK_E); info = element blocks per token block."""
     vec = max(1, 16 // esize)
-    tile = _pow2floor(max(1, cfg.tile_bytes // (2 * esize)))  # key and value loads
-    be = min(_pow2ceil(kv_elems), tile)
-    bt = min(max(1, tile // be), _pow2ceil(n_tokens))
+    tile = pow2floor(max(1, cfg.tile_bytes // (2 * esize)))  # key and value loads
+    be = min(pow2ceil(kv_elems), tile)
+    bt = min(max(1, tile // be), pow2ceil(n_tokens))
     min_elems = cfg.num_warps * cfg.warp_size * vec
     # Fewer tokens per program, then narrower element blocks, until the grid fills a wave.
-    while _cdiv(n_tokens, bt) * _cdiv(kv_elems, be) < cfg.min_programs and bt * be > min_elems:
+    while cdiv(n_tokens, bt) * cdiv(kv_elems, be) < cfg.min_programs and bt * be > min_elems:
         if bt > 1:
             bt //= 2
         elif be > 1:
             be //= 2
         else:
             break
-    neb = _cdiv(kv_elems, be)
-    w = _fit_warps(bt * be, vec, cfg)
-    return _Plan(_reshape_and_cache_kernel, _cdiv(n_tokens, bt) * neb, (head_size, bt, be), w, neb)
+    neb = cdiv(kv_elems, be)
+    w = fit_warps(bt * be, vec, cfg)
+    return LaunchPlan(_reshape_and_cache_kernel, cdiv(n_tokens, bt) * neb, (head_size, bt, be), w, neb)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,13 +337,13 @@ def _copy_blocks_kernel(
     tl.store(base + dst * block_stride + e, v, mask=m)
 
 
-def _plan_copy_blocks(n_pairs: int, n_caches: int, block_numel: int, unit: int, esize: int, cfg: Any) -> _Plan:
+def plan_copy_blocks(n_pairs: int, n_caches: int, block_numel: int, unit: int, esize: int, cfg: Any) -> LaunchPlan:
     """Constexprs (UNIT, BLOCK); info = chunks per block."""
     vec = max(1, 16 // esize)
-    blk = min(_pow2ceil(block_numel), _pow2floor(max(1, cfg.tile_bytes // esize)))
+    blk = min(pow2ceil(block_numel), pow2floor(max(1, cfg.tile_bytes // esize)))
     min_elems = cfg.num_warps * cfg.warp_size * vec
-    while blk > min_elems and _cdiv(block_numel, blk) * n_pairs * n_caches < cfg.min_programs:
+    while blk > min_elems and cdiv(block_numel, blk) * n_pairs * n_caches < cfg.min_programs:
         blk //= 2
-    nch = _cdiv(block_numel, blk)
-    w = _fit_warps(blk, vec, cfg)
-    return _Plan(_copy_blocks_kernel, n_caches * n_pairs * nch, (unit, blk), w, nch)
+    nch = cdiv(block_numel, blk)
+    w = fit_warps(blk, vec, cfg)
+    return LaunchPlan(_copy_blocks_kernel, n_caches * n_pairs * nch, (unit, blk), w, nch)

@@ -37,8 +37,8 @@ class CacheDriver:
                 # copy_blocks: every cache 16-byte aligned (UNIT 16 bytes); its plan reads pairs
                 # times caches, so one layer's two caches and every pair count cover any layers.
                 planners = (
-                    ("reshape_and_cache", _cache._plan_reshape_and_cache, (kvh * hd, hd, esize)),
-                    ("copy_blocks", _cache._plan_copy_blocks, (2, bs * kvh * hd, max(1, 16 // esize), esize)),
+                    ("reshape_and_cache", _cache.plan_reshape_and_cache, (kvh * hd, hd, esize)),
+                    ("copy_blocks", _cache.plan_copy_blocks, (2, bs * kvh * hd, max(1, 16 // esize), esize)),
                 )
                 for op, planner, rest in planners:
                     cfg = launch[op][opts.target]

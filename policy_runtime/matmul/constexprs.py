@@ -22,10 +22,10 @@ def body_constants(record: Mapping[str, Any], dtype_bytes: int) -> tuple[str, di
     prec = "ieee" if dtype_bytes == 4 else "tf32"
     tiles = dict(BLOCK_M=record["block_m"], BLOCK_N=record["block_n"], BLOCK_K=record["block_k"])
     if kind == "grouped":
-        return "_grouped", dict(tiles, GROUP_M=record["group_m"], SPLIT_K=record["split_k"], DOT_PREC=prec)
+        return "grouped_body", dict(tiles, GROUP_M=record["group_m"], SPLIT_K=record["split_k"], DOT_PREC=prec)
     if kind == "small_m":
-        return "_small_m", dict(tiles, SPLIT_K=record["split_k"], STAGES=record["num_stages"], DOT_PREC=prec)
-    return "_tma_persistent", dict(
+        return "small_m_body", dict(tiles, SPLIT_K=record["split_k"], STAGES=record["num_stages"], DOT_PREC=prec)
+    return "tma_persistent_body", dict(
         tiles,
         GROUP_M=record["group_m"],
         SPLIT_K=record["split_k"],

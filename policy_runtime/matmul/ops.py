@@ -4,7 +4,7 @@ generated/matmul.py (templates/matmul.py.j2) holds what varies with the specs: o
 ``@triton.jit`` kernel per distinct bucket config, which calls a body below with its constants
 baked in, and its ``Variant`` record; each target's buckets and selector; the tables by dtype
 and target; and the public functions, which hand those tables to a ``Matmul`` (below).
-Everything else is here: the kernel bodies (``_grouped``, ``_small_m``, ``_tma_persistent``
+Everything else is here: the kernel bodies (``grouped_body``, ``small_m_body``, ``tma_persistent_body``
 and their helpers), one launcher per kernel kind, the per-device and per-stream split-K
 workspaces and descriptor scratch, the argument checks and the path of one call
 (``Matmul.run``).  The generated module's docstring says what its kernels and entry points
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 import triton
@@ -26,12 +26,12 @@ from .. import launch as _launch
 from ..lookup import PolicyTables
 
 # ---------------------------------------------------------------------------------------
-# Kernel bodies: generated/matmul.py's specialized kernels call _grouped, _small_m and
-# _tma_persistent with their constants.
+# Kernel bodies: generated/matmul.py's specialized kernels call grouped_body, small_m_body and
+# tma_persistent_body with their constants.
 
 
 @triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     # Grouped order: GROUP_M rows of tiles are walked column by column, so
     # consecutive tiles share rows of A and columns of B in L2.
     group_size = GROUP_M * num_pid_n
@@ -69,7 +69,7 @@ def _store_or_reduce(acc, c_ptr, ws_ptr, cnt_ptr, tile, pid_k, offs_m, offs_n, M
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     # SPLIT_K is the kernel's most splits; the launch's own count is the grid's second axis
-    # (fewer where the tiles alone fill a wave of the part, see _splits).
+    # (fewer where the tiles alone fill a wave of the part, see split_count).
     splits = tl.num_programs(1)
     if SPLIT_K == 1:
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
@@ -85,7 +85,7 @@ def _store_or_reduce(acc, c_ptr, ws_ptr, cnt_ptr, tile, pid_k, offs_m, offs_n, M
 
 
 @triton.jit
-def _grouped(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+def grouped_body(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, stride_am, stride_ak, stride_bk,
              stride_bn, stride_cm, stride_cn, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              SPLIT_K: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -93,7 +93,7 @@ def _grouped(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, stride_am, stride_ak
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_coords(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -122,7 +122,7 @@ def _grouped(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, stride_am, stride_ak
 
 
 @triton.jit
-def _small_m(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+def small_m_body(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, stride_am, stride_ak, stride_bk,
              stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
              DOT_PREC: tl.constexpr):
@@ -196,13 +196,13 @@ def _tma_tile(a_desc, b_desc, om, on, kt0, kt1, BLOCK_M: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
-def _tma_persistent(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, splits, stride_a, stride_b,
+def tma_persistent_body(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, splits, stride_a, stride_b,
                     stride_c, A_TRANS: tl.constexpr, B_TRANS: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                     SPLIT_K: tl.constexpr, NUM_PROGS: tl.constexpr,
                     EPILOGUE_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, DOT_PREC: tl.constexpr):
     # grid = (min(NUM_PROGS, tiles * splits),); program p takes tiles p, p + NUM_PROGS, ...
-    # With splits > 1 (at most SPLIT_K; see _splits) only the full waves are walked so: the
+    # With splits > 1 (at most SPLIT_K; see split_count) only the full waves are walked so: the
     # tiles of the last, partial wave are each cut into `splits` K ranges, one per program,
     # so that wave ends after 1 / splits of a tile's time instead of a whole tile's.
     # Descriptors are built on the device (global scratch from triton.set_allocator);
@@ -233,11 +233,11 @@ def _tma_persistent(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, splits, strid
     # tile loop and the epilogue would defeat the flattened loop's pipelining.
     tile_c = tl.program_id(0) - NUM_PROGS
     for tile in tl.range(tl.program_id(0), whole, NUM_PROGS, flatten=FLATTEN):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         acc = _tma_tile(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, k_tiles, BLOCK_M,
                         BLOCK_N, BLOCK_K, A_TRANS, B_TRANS, DOT_PREC)
         tile_c += NUM_PROGS
-        pid_mc, pid_nc = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+        pid_mc, pid_nc = tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
         _tma_store_c(c_desc, acc, pid_mc * BLOCK_M, pid_nc * BLOCK_N, BLOCK_M, BLOCK_N,
                      EPILOGUE_SUBTILE)
     if SPLIT_K > 1:
@@ -245,7 +245,7 @@ def _tma_persistent(a_ptr, b_ptr, c_ptr, ws_ptr, cnt_ptr, M, N, K, splits, strid
         if tl.program_id(0) < last * splits:
             slot = tl.program_id(0) % last
             split = tl.program_id(0) // last
-            pid_m, pid_n = _tile_coords(whole + slot, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = tile_coords(whole + slot, num_pid_m, num_pid_n, GROUP_M)
             om = pid_m * BLOCK_M
             on = pid_n * BLOCK_N
             acc = _tma_tile(a_desc, b_desc, om, on, split * k_tiles // splits,
@@ -343,7 +343,7 @@ def _split_tiles(v: Variant, tiles: int) -> int:
     return tiles % v.num_programs if v.kind == "tma_persistent" else tiles
 
 
-def _splits(v: Variant, tiles: int) -> int:
+def split_count(v: Variant, tiles: int) -> int:
     # Split K only as far as the split tiles' programs fit one wave of the part
     # (v.num_programs, its SM count): splitting tiles that already fill the SMs only adds
     # partial-tile traffic.
@@ -371,20 +371,20 @@ def _split_k_buffers(v: Variant, c: torch.Tensor, tiles: int, splits: int) -> tu
 
 
 def _launch_grouped(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, M: int, N: int, K: int) -> None:
-    tiles = _launch._cdiv(M, v.block_m) * _launch._cdiv(N, v.block_n)
-    splits = _splits(v, tiles)
+    tiles = _launch.cdiv(M, v.block_m) * _launch.cdiv(N, v.block_n)
+    splits = split_count(v, tiles)
     ws, cnt = _split_k_buffers(v, c, tiles, splits)
-    _launch._launch_kernel(
+    _launch.launch_kernel(
         v.kernel, (tiles, splits),
         a, b, c, ws, cnt, M, N, K, *a.stride(), *b.stride(), *c.stride(), K % v.block_k == 0, num_warps=v.num_warps, num_stages=v.num_stages
     )
 
 
 def _launch_small_m(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, M: int, N: int, K: int) -> None:
-    grid_n, grid_m = _launch._cdiv(N, v.block_n), _launch._cdiv(M, v.block_m)
-    splits = _splits(v, grid_n * grid_m)
+    grid_n, grid_m = _launch.cdiv(N, v.block_n), _launch.cdiv(M, v.block_m)
+    splits = split_count(v, grid_n * grid_m)
     ws, cnt = _split_k_buffers(v, c, grid_n * grid_m, splits)
-    _launch._launch_kernel(
+    _launch.launch_kernel(
         v.kernel, (grid_n, splits, grid_m),
         a, b, c, ws, cnt, M, N, K, *a.stride(), *b.stride(), *c.stride(), num_warps=v.num_warps, num_stages=v.num_stages
     )
@@ -428,12 +428,12 @@ def _launch_tma_persistent(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torc
     if la is None or lb is None or lc is None or lc[0]:
         assert v.fallback is not None
         return _launch_grouped(v.fallback, a, b, c, M, N, K)
-    tiles = _launch._cdiv(M, v.block_m) * _launch._cdiv(N, v.block_n)
-    splits = _splits(v, tiles)
+    tiles = _launch.cdiv(M, v.block_m) * _launch.cdiv(N, v.block_n)
+    splits = split_count(v, tiles)
     ws, cnt = _split_k_buffers(v, c, tiles, splits)
     token = _ALLOCATOR.set(_descriptor_scratch)
     try:
-        _launch._launch_kernel(
+        _launch.launch_kernel(
             v.kernel, (min(v.num_programs, tiles * splits),),
             a, b, c, ws, cnt, M, N, K, splits, la[1], lb[1], lc[1], la[0], lb[0],
             num_warps=v.num_warps, num_stages=v.num_stages
@@ -445,13 +445,15 @@ def _launch_tma_persistent(v: Variant, a: torch.Tensor, b: torch.Tensor, c: torc
 # ---------------------------------------------------------------------------------------
 # Records of the generated kernels and buckets.
 
+# The kernel kinds (a matmul record's ``kernel`` field, its choices in specs/kernels/matmul.toml).
+KernelKind = Literal["grouped", "small_m", "tma_persistent"]
 
 @dataclass(frozen=True)
 class Variant:
     """One specialized kernel of generated/matmul.py and the launch constants it was generated with."""
 
     kernel: Any
-    kind: str
+    kind: KernelKind
     block_m: int
     block_n: int
     block_k: int
@@ -471,7 +473,7 @@ class Variant:
         _LAUNCH[self.kind](self, a, b, c, M, N, K)
 
 
-_LAUNCH: dict[str, Callable[..., None]] = {
+_LAUNCH: dict[KernelKind, Callable[..., None]] = {
     "grouped": _launch_grouped,
     "small_m": _launch_small_m,
     "tma_persistent": _launch_tma_persistent,
@@ -523,14 +525,14 @@ def _check(a: Any, b: Any, out: Any, dtypes: Any) -> tuple[int, int, int]:
             raise TypeError(f"matmul: out must be {a.dtype}, got {out.dtype}")
         if out.device != a.device:
             raise ValueError(f"matmul: out is on {out.device} but a is on {a.device}")
-        if _overlapping(out):
+        if overlapping(out):
             raise ValueError(
                 f"matmul: out {tuple(out.shape)} with strides {out.stride()} has elements that share memory"
             )
     return M, N, K
 
 
-def _overlapping(t: torch.Tensor) -> bool:
+def overlapping(t: torch.Tensor) -> bool:
     # Do two elements of a 2-D tensor share an address?  With strides s0, s1 > 0, rows i, i'
     # and columns j, j' meet where (i - i') s0 = (j' - j) s1: the smallest such steps are
     # s1 / g rows and s0 / g columns (g = gcd), so they meet iff both fit the shape.
@@ -546,15 +548,15 @@ def _overlapping(t: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _several_gpus() -> bool:
+def several_gpus() -> bool:
     # Only a process that sees several GPUs can have operands off the current device.
     return torch.cuda.device_count() > 1
 
 
-def _unservable(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor], M: int, N: int, K: int) -> Optional[str]:
+def unservable(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor], M: int, N: int, K: int) -> Optional[str]:
     # Why a Triton kernel cannot serve this (non-empty) call, or None.  Runs on every call of
     # the Triton path: plain arithmetic on the shapes _check already read.
-    if not a.is_cuda and not _launch._INTERPRET:  # the interpreter runs kernels on CPU tensors
+    if not a.is_cuda and not _launch.INTERPRET:  # the interpreter runs kernels on CPU tensors
         return f"the Triton kernels need CUDA tensors (got {a.device}; TRITON_INTERPRET=1 runs them on the CPU)"
     if (a.requires_grad or b.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
         return "an input requires grad, and the Triton kernels have no backward"
@@ -604,7 +606,7 @@ class Matmul(PolicyTables):
             # The policy measured the vendor library faster for this bucket (for an eager call:
             # less host time than Triton's launch, which a CUDA graph does not replay).
             return _vendor(a, b, out)
-        why = _unservable(a, b, out, M, N, K)
+        why = unservable(a, b, out, M, N, K)
         if why is not None:
             if force_triton:
                 raise ValueError(f"matmul_triton: {why}")
@@ -616,9 +618,9 @@ class Matmul(PolicyTables):
             return out
         if K == 0:
             return out.zero_()
-        if _launch._FIRST_LAUNCH:
-            _launch._ready_triton()
-        if a.is_cuda and _several_gpus() and a.get_device() != torch.cuda.current_device():
+        if _launch.FIRST_LAUNCH:
+            _launch.ready_triton()
+        if a.is_cuda and several_gpus() and a.get_device() != torch.cuda.current_device():
             with torch.cuda.device(a.device):
                 bucket.triton.launch(a, b, out, M, N, K)
         else:

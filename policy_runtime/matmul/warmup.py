@@ -22,7 +22,7 @@ import torch
 
 from .. import launch as _launch
 from ..warmup.calls import Call, Options, empty, torch_dtype
-from .ops import _splits as _mm_splits
+from .ops import split_count as _mm_splits
 
 __all__ = ["MatmulDriver"]
 
@@ -61,7 +61,7 @@ class MatmulDriver:
         (pointers are torch's, 16-byte aligned)."""
         tma = ()
         if v.kind == "tma_persistent":
-            tma = (_mm_splits(v, _launch._cdiv(M, v.block_m) * _launch._cdiv(N, v.block_n)) == 1,)
+            tma = (_mm_splits(v, _launch.cdiv(M, v.block_m) * _launch.cdiv(N, v.block_n)) == 1,)
             if N == 1 or K == 1:
                 tma += (cls.size_class(M),)
         return (cls.size_class(N), cls.size_class(K), K % v.block_k == 0, *tma)

@@ -33,4 +33,4 @@ def body_constants(record: Mapping[str, Any], dtype_bytes: int) -> dict[str, tup
     else:  # simt: no tensor cores, so no dot precision; its loops' pipelining depth
         up = dict(up_tile, STAGES=record["num_stages"])
         down = dict(down_tile, STAGES=record["down_num_stages"])
-    return {"up": (f"_{kind}_up", up), "down": (f"_{kind}_down", down)}
+    return {"up": (f"{kind}_up_body", up), "down": (f"{kind}_down_body", down)}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 import triton
@@ -31,7 +31,7 @@ from ..lookup import PolicyTables
 # Activations of the up GEMM's gate half, as vLLM's fused_moe names them (_act_and_mul's ACT).
 # swigluoai is gpt-oss's: alpha 1.702, limit 7, and its w1 interleaves gate and up rows (row 2n
 # is gate column n, row 2n + 1 up column n), as vLLM's swigluoai_and_mul reads its input.
-_ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
+ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Experts and top-k are held in one program's registers (padded to powers of two).
 _MAX_EXPERTS = 4096
@@ -40,7 +40,7 @@ _MAX_EXPERTS = 4096
 _ALIGN_BLOCK = 1024
 _SUM_BLOCK = 1024
 # topk_softmax gives each token of a call of at most this many its own program (see there).
-_TOPK_ONE_ROW_MAX_T = 64
+TOPK_ONE_ROW_MAX_T = 64
 
 
 # ---------------------------------------------------------------------------------------
@@ -54,7 +54,7 @@ _TOPK_ONE_ROW_MAX_T = 64
 
 @triton.jit
 def _act_and_mul(gate, up, ACT: tl.constexpr):
-    # The up GEMM's epilogue, fp32 (vLLM's activations; _ACTIVATIONS numbers them).
+    # The up GEMM's epilogue, fp32 (vLLM's activations; ACTIVATIONS numbers them).
     if ACT == 0:
         h = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
     elif ACT == 1:
@@ -70,7 +70,7 @@ def _act_and_mul(gate, up, ACT: tl.constexpr):
 
 
 @triton.jit
-def _grouped_up(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_m_blocks,
+def grouped_up_body(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_m_blocks,
                 N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_hm,
                 stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -121,7 +121,7 @@ def _grouped_up(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, nume
 
 
 @triton.jit
-def _grouped_down(h_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel,
+def grouped_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel,
                   num_m_blocks, N, K, top_k, stride_hm, stride_hk, stride_we, stride_wn, stride_wk,
                   stride_om, stride_on, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -167,7 +167,7 @@ def _grouped_down(h_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, experts_ptr, p
 
 
 @triton.jit
-def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
+def gemv_up_body(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
              stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
              EP: tl.constexpr = False):
@@ -217,13 +217,13 @@ def _gemv_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
 
 
 @triton.jit
-def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
+def gemv_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
                stride_we, stride_wn, stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
                EP: tl.constexpr = False):
     # One token t per program (axis 0), BLOCK_N output columns (axis 1): the sum over its k
     # experts of weight * (h[t * k + j] @ w[e].T), in slot order, in one flat loop over (j, K);
-    # the row padded to a 16-row tile as in _gemv_up, each step's product weighted in fp32.
+    # the row padded to a 16-row tile as in gemv_up_body, each step's product weighted in fp32.
     # The next step's expert id and weight are read a step ahead, so that the weight tile's
     # address never waits on a load of the same step (T = 1, qwen36: 19.0 -> 17.8 us on an H200,
     # exploration at commit cc8149c).
@@ -271,7 +271,7 @@ def _gemv_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
 
 
 @triton.jit
-def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
+def simt_up_body(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
              stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1,
              EP: tl.constexpr = False):
@@ -300,7 +300,7 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
     expert = tl.load(ids_ptr + r).to(tl.int64)
     k_end = K
     if EP:
-        # A row of another rank's expert (id -1): an empty loop, nothing loaded (as _gemv_up).
+        # A row of another rank's expert (id -1): an empty loop, nothing loaded (as gemv_up_body).
         k_end = tl.where(expert >= 0, K, 0)
         expert = tl.maximum(expert, 0)
     a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + offs_k * stride_xk
@@ -332,7 +332,7 @@ def _simt_up(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, st
 
 
 @triton.jit
-def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
+def simt_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
                stride_we, stride_wn, stride_wk, stride_om, stride_on, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1,
                EP: tl.constexpr = False):
@@ -345,7 +345,7 @@ def _simt_down(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_
     # (4 x 128 chunks, 4 warps) 12.4 against 13.1 us (qwen36) and 12.1 against 17.1 us (128
     # experts x 768) (exploration at commit 52e0da3).  STAGES 1: the next chunk is loaded
     # into registers before this one is used; STAGES > 1: the loop after the first chunk is a
-    # tl.range of that depth (its loads staged through shared memory by cp.async, as _simt_up's).
+    # tl.range of that depth (its loads staged through shared memory by cp.async, as simt_up_body's).
     # PDL: the ids (written by the router, finished before the up kernel let this one launch; read
     # past L1) and the first chunk are loaded before waiting for the up kernel, h after.
     t = tl.program_id(0)
@@ -571,6 +571,8 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
 # ---------------------------------------------------------------------------------------
 # Records of the generated kernels and buckets.
 
+# The kernel kinds (a moe_launch record's ``kernel`` field, its choices in specs/kernels/moe.toml).
+KernelKind = Literal["grouped", "gemv", "simt"]
 
 @dataclass(frozen=True)
 class Variant:
@@ -579,7 +581,7 @@ class Variant:
 
     up: Any
     down: Any
-    kind: str
+    kind: KernelKind
     block_m: int
     block_n: int
     block_k: int
@@ -638,16 +640,16 @@ class Variant:
             chain: dict[str, Any] = {"EP": ep}
             down_last: dict[str, Any] = {"EVEN_K": inter % self.down_block_k == 0}
             if simt:
-                pdl = self.chained and _launch._programmatic(x)
+                pdl = self.chained and _launch.programmatic(x)
                 chain = dict(PDL=pdl, EP=ep, **({"launch_pdl": True} if pdl else {}))
-                down_last = {"KB": _launch._pow2ceil(k)}
-            _launch._launch_kernel(
-                self.up, (numel, _launch._cdiv(inter, self.block_n)),
+                down_last = {"KB": _launch.pow2ceil(k)}
+            _launch.launch_kernel(
+                self.up, (numel, _launch.cdiv(inter, self.block_n)),
                 x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
                 act, H % self.block_k == 0, **chain, **opts,
             )  # fmt: skip
-            _launch._launch_kernel(
-                self.down, (T, _launch._cdiv(H, self.down_block_n)),
+            _launch.launch_kernel(
+                self.down, (T, _launch.cdiv(H, self.down_block_n)),
                 h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
                 **down_last, **chain, **down_opts,
             )  # fmt: skip
@@ -656,20 +658,20 @@ class Variant:
         # Row blocks that can hold rows: each expert's full blocks, plus one partial block for
         # each expert that has any.  Past it (and past post_pad) nothing is launched or done.
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
-        _launch._launch_kernel(
-            self.up, (blocks * _launch._cdiv(inter, self.block_n),),
+        _launch.launch_kernel(
+            self.up, (blocks * _launch.cdiv(inter, self.block_n),),
             x, w1, h, sorted_ids, expert_ids, post_pad, numel, blocks, inter, H, k,
             x.stride(0), x.stride(1), *w1.stride(), *h.stride(), act, H % self.block_k == 0, **opts,
         )  # fmt: skip
-        grid = (blocks * _launch._cdiv(H, self.down_block_n),)
+        grid = (blocks * _launch.cdiv(H, self.down_block_n),)
         if self.fuse_sum:
             # In warm-up's compile-only scope nothing runs, and out is left as it was.
-            compiling = _launch._compiling()
+            compiling = _launch.compiling()
             if out.dtype == torch.float32:
                 acc = out if compiling else out.zero_()
             else:
                 acc = torch.zeros((T, H), dtype=torch.float32, device=x.device)
-            _launch._launch_kernel(
+            _launch.launch_kernel(
                 self.down, grid,
                 h, w2, acc, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
                 *h.stride(), *w2.stride(), *acc.stride(), inter % self.down_block_k == 0, **down_opts,
@@ -680,19 +682,19 @@ class Variant:
         # One expert a token: its weighted row is the token's output.  With expert parallelism the
         # rows of other ranks' experts are never written: they start at zero.
         if k == 1:
-            rows = out.zero_() if ep and not _launch._compiling() else out
+            rows = out.zero_() if ep and not _launch.compiling() else out
         else:
             rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=x.device)
-        _launch._launch_kernel(
+        _launch.launch_kernel(
             self.down, grid,
             h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
             *h.stride(), *w2.stride(), *rows.stride(), inter % self.down_block_k == 0, **down_opts,
         )  # fmt: skip
         if k > 1:
-            block_n = min(_SUM_BLOCK, _launch._pow2ceil(H))
+            block_n = min(_SUM_BLOCK, _launch.pow2ceil(H))
             block_t = _SUM_BLOCK // block_n
-            _launch._launch_kernel(
-                _sum_rows, (_launch._cdiv(T, block_t), _launch._cdiv(H, block_n)),
+            _launch.launch_kernel(
+                _sum_rows, (_launch.cdiv(T, block_t), _launch.cdiv(H, block_n)),
                 rows, out, T, H, k, rows.stride(0), out.stride(0), out.stride(1),
                 BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
             )  # fmt: skip
@@ -730,11 +732,6 @@ def _tensor(op: str, name: str, t: Any, dims: int) -> torch.Tensor:
 def _same_device(op: str, name: str, t: torch.Tensor, first: torch.Tensor, first_name: str) -> None:
     if t.device != first.device:
         _fail(op, f"{name} is on {t.device} but {first_name} is on {first.device}")
-
-
-def _runnable(op: str, name: str, t: torch.Tensor) -> None:
-    if not t.is_cuda and not _launch._INTERPRET:
-        _fail(op, f"{name} must be a CUDA tensor (got {t.device}); TRITON_INTERPRET=1 runs the kernels on the CPU")
 
 
 def _index_tensor(op: str, name: str, t: torch.Tensor) -> None:
@@ -778,8 +775,8 @@ def _check_fused(
     if not topk_weights.is_floating_point():
         _fail(op, f"topk_weights must be a float tensor, got {topk_weights.dtype}")
     _index_tensor(op, "topk_ids", topk_ids)
-    if activation not in _ACTIVATIONS:
-        _fail(op, f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    if activation not in ACTIVATIONS:
+        _fail(op, f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     named = [("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)]
     if out is not None:
         out = _tensor(op, "out", out, 2)
@@ -792,7 +789,7 @@ def _check_fused(
         named.append(("out", out))
     for name, t in named:
         _same_device(op, name, t, x, "hidden_states")
-    _runnable(op, "hidden_states", x)
+    _launch.check_runnable(op, "hidden_states", x)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w1, w2, topk_weights)):
         _fail(op, "an input requires grad, and the kernels have no backward")
     return T, H, two_i // 2, E, topk_ids.shape[1]
@@ -834,19 +831,19 @@ def _align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.
     # Checked, flat, contiguous ids.
     numel = ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
-    max_blocks = _launch._cdiv(max_padded, block_size)
+    max_blocks = _launch.cdiv(max_padded, block_size)
     device = ids.device
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
     post_pad = torch.empty(1, dtype=torch.int32, device=device)
     counts = torch.empty(num_experts, dtype=torch.int32, device=device)
-    if _launch._FIRST_LAUNCH:
-        _launch._ready_triton()
-    _launch._launch_kernel(_align_count, (num_experts,), ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
-    _launch._launch_kernel(
+    if _launch.FIRST_LAUNCH:
+        _launch.ready_triton()
+    _launch.launch_kernel(_align_count, (num_experts,), ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
+    _launch.launch_kernel(
         _align_scatter, (num_experts,),
         ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
-        E_BLOCK=_launch._pow2ceil(num_experts), BLOCK=_ALIGN_BLOCK, num_warps=4,
+        E_BLOCK=_launch.pow2ceil(num_experts), BLOCK=_ALIGN_BLOCK, num_warps=4,
     )  # fmt: skip
     return sorted_ids, expert_ids, post_pad
 
@@ -868,7 +865,7 @@ def moe_align_block_size(
         expert_map = _check_expert_map(op, expert_map, topk_ids, None)
         if expert_map.shape[0] != num_experts:
             _fail(op, f"expert_map must have num_experts = {num_experts} entries, got {expert_map.shape[0]}")
-    _runnable(op, "topk_ids", topk_ids)
+    _launch.check_runnable(op, "topk_ids", topk_ids)
     with _guarded(topk_ids):
         sorted_ids, expert_ids, post_pad = _align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
         if expert_map is not None:
@@ -883,7 +880,7 @@ def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Te
 
 
 # Router scorings, as vLLM's grouped_topk names them.
-_SCORINGS = ("softmax", "sigmoid")
+SCORINGS = ("softmax", "sigmoid")
 
 
 def grouped_topk(
@@ -923,8 +920,8 @@ def _route(
         _fail(op, f"k must be an int from 1 to the {E} experts, got {k!r}")
     if not isinstance(renormalize, bool):
         _fail(op, f"renormalize must be a bool, got {renormalize!r}")
-    if scoring not in _SCORINGS:
-        _fail(op, f"scoring_func must be one of {list(_SCORINGS)}, got {scoring!r}")
+    if scoring not in SCORINGS:
+        _fail(op, f"scoring_func must be one of {list(SCORINGS)}, got {scoring!r}")
     groups = _positive_int(op, "num_expert_group", groups)
     topk_group = _positive_int(op, "topk_group", topk_group)
     if E % groups or groups & (groups - 1):
@@ -945,12 +942,12 @@ def _route(
         _same_device(op, "e_score_correction_bias", bias, x, "gating_logits")
         if E > 1 and bias.stride(0) != 1:
             bias = bias.contiguous()
-    _runnable(op, "gating_logits", x)
+    _launch.check_runnable(op, "gating_logits", x)
     weights = torch.empty((T, k), dtype=torch.float32, device=x.device)
     ids = torch.empty((T, k), dtype=torch.int32, device=x.device)
     if T == 0:
         return weights, ids
-    e_block = _launch._pow2ceil(E)
+    e_block = _launch.pow2ceil(E)
     # Up to 64 tokens a call (decode), one token a program: at T = 1 and 4 (256 experts, top-8) 9.9 ->
     # 6.0 us a call against 16-token, 4-warp tiles on an H200, where the tile's cross-warp
     # reductions were most of the time (exploration at commit cc8149c, the k-round
@@ -958,7 +955,7 @@ def _route(
     # experts on 2 warps took the router 5.3 against 5.6 us and the chained layer at T = 1 about
     # 0.4 us less than on one; 128 experts gained nothing from a second
     # (exploration at commit 03e74a8).  Larger calls keep the tiles of up to 4,096 logits.
-    small = T <= _TOPK_ONE_ROW_MAX_T
+    small = T <= TOPK_ONE_ROW_MAX_T
     block_t = 1 if small else max(1, min(64, 4096 // e_block))
     warps = min(4, max(1, e_block // 128)) if small else 4
     # The DeepSeek-V3 parts only where asked: the plain softmax router launches as it always did.
@@ -971,14 +968,14 @@ def _route(
         extra.update(topk_group=topk_group, group_size=E // groups, GROUPS=groups)
     if scale != 1.0:
         extra.update(scale=float(scale), SCALED=True)
-    if _launch._FIRST_LAUNCH:
-        _launch._ready_triton()
+    if _launch.FIRST_LAUNCH:
+        _launch.ready_triton()
     with _guarded(x):
-        _launch._launch_kernel(
-            _topk_softmax_kernel, (_launch._cdiv(T, block_t),),
+        _launch.launch_kernel(
+            _topk_softmax_kernel, (_launch.cdiv(T, block_t),),
             x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
-            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch._pow2ceil(k),
-            TRIGGER=_launch._programmatic(x), num_warps=warps, **extra,
+            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch.pow2ceil(k),
+            TRIGGER=_launch.programmatic(x), num_warps=warps, **extra,
         )  # fmt: skip
     return weights, ids
 
@@ -1027,15 +1024,15 @@ class MoE(PolicyTables):
             return out
         if inter == 0:
             return out.zero_()
-        if _launch._FIRST_LAUNCH:
-            _launch._ready_triton()
+        if _launch.FIRST_LAUNCH:
+            _launch.ready_triton()
         weights = topk_weights.contiguous().view(-1)
         ids = topk_ids.contiguous().view(-1)
         with _guarded(x):
             if expert_map is not None:
                 # Global ids to this rank's (-1: another rank's expert), one gather on the device.
                 ids = expert_map[ids.long()].to(torch.int32)
-            variant.run(x, w1, w2, weights, ids, out, _ACTIVATIONS[activation], E, expert_map is not None)
+            variant.run(x, w1, w2, weights, ids, out, ACTIVATIONS[activation], E, expert_map is not None)
         if given:
             # A write autograd did not see: saved tensors that alias out now fail backward loudly.
             torch.autograd.graph.increment_version(out)

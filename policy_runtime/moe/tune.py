@@ -84,7 +84,7 @@ class MoEProblem(Problem):
     def kernel(self, record: Mapping[str, Any]) -> Callable[[], torch.Tensor]:
         v = variant(record, self.x.element_size())
         out = torch.full_like(self.x, float("nan"))
-        act = _moe._ACTIVATIONS["silu"]
+        act = _moe.ACTIVATIONS["silu"]
 
         def run() -> torch.Tensor:
             v.run(self.x, self.w1, self.w2, self.weights, self.ids, out, act, self.E)

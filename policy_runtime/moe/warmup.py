@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from ..warmup.calls import Call, Options, bucket_counts, empty, torch_dtype
-from .ops import _ACTIVATIONS as _MOE_ACTIVATIONS
-from .ops import _SCORINGS, _TOPK_ONE_ROW_MAX_T
+from .ops import ACTIVATIONS as _MOE_ACTIVATIONS
+from .ops import SCORINGS, TOPK_ONE_ROW_MAX_T
 from .ops import grouped_topk as _grouped_topk
 from .ops import topk_softmax as _topk_softmax
 
@@ -60,8 +60,8 @@ class MoEDriver:
                         what = ("fused_moe", model, dtype, b.name, b.variant.name, act)
                         args = (opts.target, dtype, counts[i], E, k, inter, hidden, act)
                         calls.append(Call(self.module, "fused_moe", args, what, 3))
-                # A token a program up to _TOPK_ONE_ROW_MAX_T tokens, tiles of tokens above.
-                for path, T in (("one row", 1), ("tiles", _TOPK_ONE_ROW_MAX_T + 1)):
+                # A token a program up to TOPK_ONE_ROW_MAX_T tokens, tiles of tokens above.
+                for path, T in (("one row", 1), ("tiles", TOPK_ONE_ROW_MAX_T + 1)):
                     for renormalize in (True, False):
                         what = ("topk_softmax", model, dtype, "renormalize" if renormalize else "plain", path)
                         args = (opts.target, dtype, T + 2 if opts.pick == "other" else T, E, k, renormalize)
@@ -78,7 +78,7 @@ class MoEDriver:
         E, k = dims["num_experts"], dims["top_k"]
         groups, topk_group = dims.get("moe_num_expert_group") or 1, dims.get("moe_topk_group") or 1
         scale = dims.get("moe_routed_scaling_factor") or 1.0
-        scorings = [dims["moe_scoring"]] if dims.get("moe_scoring") else list(_SCORINGS)
+        scorings = [dims["moe_scoring"]] if dims.get("moe_scoring") else list(SCORINGS)
         calls = []
         for scoring in scorings:
             for bias in (False, True):

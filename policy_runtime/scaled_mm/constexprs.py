@@ -18,7 +18,7 @@ SCALE_BLOCK = 128
 def body_constants(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """The name of the body in policy_runtime/scaled_mm.py a record's kernel calls, and its
     constants in the order the generated wrapper passes them."""
-    return "_scaled_grouped", dict(
+    return "scaled_grouped_body", dict(
         BLOCK_M=record["block_m"],
         BLOCK_N=record["block_n"],
         BLOCK_K=record["block_k"],

@@ -12,7 +12,7 @@ and stored as bf16, fp16 or fp32.  The scaling follows from the scales' shapes (
   w8a8 block fp8).  Every K step (a divisor of 128) lies in one block, so each step's fp32 dot is
   scaled by its rows' and columns' scales before it is added: the sum over blocks is exact in fp32.
 
-One kernel body (``_scaled_grouped``, grouped tile order, pointer loads, FP8 tensor-core dot) serves
+One kernel body (``scaled_grouped_body``, grouped tile order, pointer loads, FP8 tensor-core dot) serves
 both scalings as a constexpr; generated/scaled_mm.py specializes it per bucket config.  Triton's CPU
 interpreter (TRITON_INTERPRET=1) loads float8_e4m3fn tensors and runs the same ``tl.dot`` on them
 (in fp32 arithmetic, measured exact against fp32 on the dequantized values), so the CPU tests run
@@ -31,7 +31,7 @@ import triton.language as tl
 from .. import launch as _launch
 from ..lookup import PolicyTables
 from .constexprs import SCALE_BLOCK
-from ..matmul.ops import _overlapping, _several_gpus, _tile_coords, _unservable
+from ..matmul.ops import overlapping, several_gpus, tile_coords, unservable
 
 # Input dtypes the kernels take, and the output dtypes they store.
 INPUT_DTYPES = (torch.float8_e4m3fn,)
@@ -44,7 +44,7 @@ OUTER, BLOCK = 0, 1
 
 
 @triton.jit
-def _scaled_grouped(
+def scaled_grouped_body(
     a_ptr,
     b_ptr,
     c_ptr,
@@ -76,7 +76,7 @@ def _scaled_grouped(
     # (block): scale_a[m, k // 128] and scale_b[k // 128, n // 128] on every K step.
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_coords(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -137,7 +137,7 @@ class Variant:
         self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, scales: "Scales", M: int, N: int, K: int
     ) -> None:
         tiles = triton.cdiv(M, self.block_m) * triton.cdiv(N, self.block_n)
-        _launch._launch_kernel(
+        _launch.launch_kernel(
             self.kernel, (tiles,),
             a, b, c, scales.a, scales.b, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             c.stride(0), c.stride(1), *scales.strides, K % self.block_k == 0, scales.scaling,
@@ -274,7 +274,7 @@ def check_call(op: str, a: Any, b: Any, out: Any, out_dtype: Any) -> tuple[int, 
             raise TypeError(f"{op}: out must be {out_dtype} (out_dtype), got {out.dtype}")
         if out.device != a.device:
             raise ValueError(f"{op}: out is on {out.device} but a is on {a.device}")
-        if _overlapping(out):
+        if overlapping(out):
             raise ValueError(f"{op}: out {tuple(out.shape)} with strides {out.stride()} has elements that share memory")
     return M, N, K
 
@@ -314,7 +314,7 @@ class ScaledMm(PolicyTables):
         M, N, K = check_call(op, a, b, out, out_dtype)
         scales = check_scales(op, a, b, scale_a, scale_b)
         bucket = self.policy(a.dtype, hw, a.device)[1](M, N, K)
-        why = _unservable(a, b, out, M, N, K)
+        why = unservable(a, b, out, M, N, K)
         if why is not None:
             raise ValueError(f"{op}: {why}")
         given = out is not None
@@ -324,9 +324,9 @@ class ScaledMm(PolicyTables):
             return out
         if K == 0:
             return out.zero_()
-        if _launch._FIRST_LAUNCH:
-            _launch._ready_triton()
-        if a.is_cuda and _several_gpus() and a.get_device() != torch.cuda.current_device():
+        if _launch.FIRST_LAUNCH:
+            _launch.ready_triton()
+        if a.is_cuda and several_gpus() and a.get_device() != torch.cuda.current_device():
             with torch.cuda.device(a.device):
                 bucket.triton.launch(a, b, out, scales, M, N, K)
         else:

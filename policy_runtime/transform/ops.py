@@ -27,19 +27,19 @@ import triton
 import triton.language as tl
 
 from ..launch import (
-    _FLOAT_DTYPES,
-    _INDEX_DTYPES,
-    _Plan,
-    _cdiv,
-    _check_device,
-    _check_float,
-    _check_runnable,
-    _fit_warps,
-    _launch_tables,
-    _pow2ceil,
-    _pow2floor,
-    _remember,
-    _run,
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    LaunchPlan,
+    cdiv,
+    check_device,
+    check_float,
+    check_runnable,
+    fit_warps,
+    launch_tables,
+    pow2ceil,
+    pow2floor,
+    remember,
+    run_plan,
 )
 
 __all__ = ["TransformKernels"]
@@ -69,7 +69,7 @@ class TransformKernels:
         launch: Mapping[str, Mapping[str, Any]],
         target_name: Callable[[Any, Any], str],
     ) -> None:
-        self.launch = _launch_tables(type(self).__name__, self.KERNELS, launch)
+        self.launch = launch_tables(type(self).__name__, self.KERNELS, launch)
         self.target_name = target_name
         self._rms_plans: dict = {}
         self._silu_plans: dict = {}
@@ -80,8 +80,8 @@ class TransformKernels:
         """RMSNorm over the last dim, out of place; with ``residual``, returns ``(norm(z), z)``
         for ``z = (x + residual).to(x.dtype)``."""
         op = "rms_norm"
-        _check_float(op, "x", x)
-        _check_float(op, "weight", weight)
+        check_float(op, "x", x)
+        check_float(op, "weight", weight)
         if x.dim() == 0:
             raise ValueError(f"{op}: x must have at least 1 dimension, got shape ()")
         N = x.shape[-1]
@@ -91,8 +91,8 @@ class TransformKernels:
             raise ValueError(f"{op}: hidden size is 0 (x {tuple(x.shape)})")
         xs = _row_stride(op, "x", x, N)
         dev = x.get_device()
-        _check_runnable(op, "x", x)
-        _check_device(op, "weight", weight, dev, "x")
+        check_runnable(op, "x", x)
+        check_device(op, "weight", weight, dev, "x")
         if N > 1 and weight.stride(0) != 1:
             weight = weight.contiguous()
         has_res = residual is not None
@@ -102,7 +102,7 @@ class TransformKernels:
                 raise ValueError(f"{op}: residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
             if residual.dtype != x.dtype:
                 raise TypeError(f"{op}: residual dtype {residual.dtype} != x dtype {x.dtype}")
-            _check_device(op, "residual", residual, dev, "x")
+            check_device(op, "residual", residual, dev, "x")
             rs = _row_stride(op, "residual", residual, N)
         target = self.target_name(hw, x.device)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -113,22 +113,22 @@ class TransformKernels:
             plan = self._rms_plans.get(key)
             if plan is None:
                 cfg = self.launch["rms_norm"][target]
-                plan = _remember(self._rms_plans, key, _plan_rms_norm(n_rows, N, x.element_size(), has_res, cfg))
+                plan = remember(self._rms_plans, key, plan_rms_norm(n_rows, N, x.element_size(), has_res, cfg))
             # Without a residual, r/z are unused: any pointer of the right dtype will do.
             r_t, z_t = (residual, z) if has_res else (x, out)
-            _run(plan, dev, (x, weight, out, r_t, z_t, n_rows, N, xs, rs, float(eps)))
+            run_plan(plan, dev, (x, weight, out, r_t, z_t, n_rows, N, xs, rs, float(eps)))
         return (out, z) if has_res else out
 
     def silu_and_mul(self, x, *, hw=None):
         """x [..., 2d] -> ``silu(x[..., :d]) * x[..., d:]``, a new [..., d] tensor."""
         op = "silu_and_mul"
-        _check_float(op, "x", x)
+        check_float(op, "x", x)
         if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % 2:
             raise ValueError(f"{op}: last dim of x {tuple(x.shape)} must be even and > 0")
         two_d = x.shape[-1]
         d = two_d // 2
         xs = _row_stride(op, "x", x, two_d)
-        _check_runnable(op, "x", x)
+        check_runnable(op, "x", x)
         target = self.target_name(hw, x.device)
         out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
         n_rows = x.numel() // two_d
@@ -137,26 +137,26 @@ class TransformKernels:
             plan = self._silu_plans.get(key)
             if plan is None:
                 cfg = self.launch["silu_and_mul"][target]
-                plan = _remember(self._silu_plans, key, _plan_silu_and_mul(n_rows, d, x.element_size(), cfg))
-            _run(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info))
+                plan = remember(self._silu_plans, key, plan_silu_and_mul(n_rows, d, x.element_size(), cfg))
+            run_plan(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info))
         return out
 
     def act_and_mul(self, op, x, *, alpha=1.702, limit=7.0, hw=None):
         """gelu_tanh_and_mul, swigluoai_and_mul or mul_and_silu (``op``): x [..., 2d] -> a new
-        [..., d] tensor; one kernel, the activation a constexpr (``_ACTS``), on silu_and_mul's
+        [..., d] tensor; one kernel, the activation a constexpr (``ACTS``), on silu_and_mul's
         launch records (the same bytes a program)."""
-        act = _ACTS[op]
-        _check_float(op, "x", x)
+        act = ACTS[op]
+        check_float(op, "x", x)
         if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % 2:
             raise ValueError(f"{op}: last dim of x {tuple(x.shape)} must be even and > 0")
-        if act == _ACTS["swigluoai_and_mul"]:
+        if act == ACTS["swigluoai_and_mul"]:
             for name, v in (("alpha", alpha), ("limit", limit)):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise ValueError(f"{op}: {name} must be a finite number, got {v!r}")
         two_d = x.shape[-1]
         d = two_d // 2
         xs = _row_stride(op, "x", x, two_d)
-        _check_runnable(op, "x", x)
+        check_runnable(op, "x", x)
         target = self.target_name(hw, x.device)
         out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
         n_rows = x.numel() // two_d
@@ -165,15 +165,15 @@ class TransformKernels:
             plan = self._act_plans.get(key)
             if plan is None:
                 cfg = self.launch["silu_and_mul"][target]
-                plan = _remember(self._act_plans, key, _plan_act_and_mul(n_rows, d, x.element_size(), act, cfg))
-            _run(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info, float(alpha), float(limit)))
+                plan = remember(self._act_plans, key, plan_act_and_mul(n_rows, d, x.element_size(), act, cfg))
+            run_plan(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info, float(alpha), float(limit)))
         return out
 
     def rotary_embedding(self, positions, query, key, cos_sin_cache, head_size, is_neox, *, hw=None):
         """Rotates query and key (may be None) in place; returns (query, key)."""
         op = "rotary_embedding"
-        _check_float(op, "query", query)
-        if positions.dtype not in _INDEX_DTYPES:
+        check_float(op, "query", query)
+        if positions.dtype not in INDEX_DTYPES:
             raise TypeError(f"{op}: positions dtype {positions.dtype} must be int64 or int32")
         if positions.dim() != 1:
             raise ValueError(f"{op}: positions must be 1-D [tokens], got {tuple(positions.shape)}")
@@ -190,7 +190,7 @@ class TransformKernels:
             raise ValueError(
                 f"{op}: positions {tuple(positions.shape)} vs query {tuple(query.shape)}: token counts differ"
             )
-        if cos_sin_cache.dtype not in _FLOAT_DTYPES:
+        if cos_sin_cache.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{op}: cos_sin_cache dtype {cos_sin_cache.dtype} must be float16, bfloat16 or float32")
         if cos_sin_cache.dim() != 2:
             raise ValueError(
@@ -208,11 +208,11 @@ class TransformKernels:
                 f"got {cos_sin_cache.stride()}"
             )
         dev = query.get_device()
-        _check_runnable(op, "query", query)
-        _check_device(op, "positions", positions, dev, "query")
+        check_runnable(op, "query", query)
+        check_device(op, "positions", positions, dev, "query")
         if T > 1 and positions.stride(0) != 1:
             positions = positions.contiguous()
-        _check_device(op, "cos_sin_cache", cos_sin_cache, dev, "query")
+        check_device(op, "cos_sin_cache", cos_sin_cache, dev, "query")
         nk, ks, khs = 0, qs, qhs
         if key is not None:
             if key.dtype != query.dtype:
@@ -220,7 +220,7 @@ class TransformKernels:
             Tk, nk, ks, khs = _heads_view(op, "key", key, head_size)
             if Tk != T:
                 raise ValueError(f"{op}: key {tuple(key.shape)} vs query {tuple(query.shape)}: token counts differ")
-            _check_device(op, "key", key, dev, "query")
+            check_device(op, "key", key, dev, "query")
         target = self.target_name(hw, query.device)
         if T:
             is_neox = bool(is_neox)
@@ -229,15 +229,15 @@ class TransformKernels:
             plan = self._rope_plans.get(key_)
             if plan is None:
                 cfg = self.launch["rotary_embedding"][target]
-                plan = _remember(
+                plan = remember(
                     self._rope_plans,
                     key_,
-                    _plan_rotary_embedding(T, nq, nk, rot, head_size, is_neox, query.element_size(), cfg, strided),
+                    plan_rotary_embedding(T, nq, nk, rot, head_size, is_neox, query.element_size(), cfg, strided),
                 )
             nqb, nhb = plan.info
             k_t = key if key is not None else query  # no key blocks are launched without a key
             args = (positions, query, k_t, cos_sin_cache, qs, ks, cos_sin_cache.stride(0))
-            _run(plan, dev, args + (nq, nk, nqb, nhb, qhs, khs))
+            run_plan(plan, dev, args + (nq, nk, nqb, nhb, qhs, khs))
         return query, key
 
 
@@ -444,33 +444,33 @@ def _rms_norm_loop_kernel(
             _rms_out_chunk(src_row, w_ptr, o_row, start, N, inv, BLOCK_N)
 
 
-def _plan_rms_norm(n_rows: int, N: int, esize: int, has_res: bool, cfg: Any) -> _Plan:
+def plan_rms_norm(n_rows: int, N: int, esize: int, has_res: bool, cfg: Any) -> LaunchPlan:
     """Kernel and constexprs: rows shorter than a tile are packed whole into registers
     (HAS_RES, BLOCK_R, BLOCK_N, W_EARLY), several a program until a program loads tile_bytes,
     fewer while the grid is below min_programs; rows of a tile or more take the two-pass
     kernel (HAS_RES, 1, BLOCK_N, False, STATIC_N)."""
     vec = max(1, 16 // esize)
-    block_n = _pow2ceil(N)
+    block_n = pow2ceil(N)
     if block_n > _RMS_MAX_BLOCK_N or N * esize >= cfg.tile_bytes:
         # One program per row, tile-sized chunks read twice (the second time mostly from L2),
         # two 16-byte vectors per thread over the row.  On the H200 (bf16, 16384 rows) this ran
         # hidden 4096 at 3.95 TB/s against 3.86 for the row kept in registers, and hidden 8192
         # at 4.17 TB/s (the device copy's rate) with the row length a compile-time constant,
         # 4.13 without (commit eceb570).  Rows past _RMS_MAX_BLOCK_N keep N at run time.
-        chunk = min(_pow2floor(max(vec, cfg.tile_bytes // esize)), _RMS_MAX_BLOCK_N, block_n)
-        w = _pow2floor(max(1, N // (2 * vec * cfg.warp_size)))
+        chunk = min(pow2floor(max(vec, cfg.tile_bytes // esize)), _RMS_MAX_BLOCK_N, block_n)
+        w = pow2floor(max(1, N // (2 * vec * cfg.warp_size)))
         w = max(1, min(w, cfg.max_warps, chunk // (vec * cfg.warp_size)))
         static_n = N if block_n <= _RMS_MAX_BLOCK_N else 0
-        return _Plan(_rms_norm_loop_kernel, n_rows, (has_res, 1, chunk, False, static_n), w)
+        return LaunchPlan(_rms_norm_loop_kernel, n_rows, (has_res, 1, chunk, False, static_n), w)
     row_load = N * esize * (2 if has_res else 1)
-    r = min(_pow2floor(max(1, cfg.tile_bytes // row_load)), _pow2ceil(n_rows))
-    while r > 1 and _cdiv(n_rows, r) < cfg.min_programs:
+    r = min(pow2floor(max(1, cfg.tile_bytes // row_load)), pow2ceil(n_rows))
+    while r > 1 and cdiv(n_rows, r) < cfg.min_programs:
         r //= 2
-    w = _fit_warps(r * block_n, vec, cfg, grow=True)
+    w = fit_warps(r * block_n, vec, cfg, grow=True)
     # The early weight load costs ~8 registers a thread: worth it only once a thread already
     # holds >= 32 row elements (past the full-occupancy register count anyway).
     early = r * block_n >= 32 * w * cfg.warp_size
-    return _Plan(_rms_norm_kernel, _cdiv(n_rows, r), (has_res, r, block_n, early), w)
+    return LaunchPlan(_rms_norm_kernel, cdiv(n_rows, r), (has_res, r, block_n, early), w)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -512,24 +512,24 @@ def _silu_and_mul_kernel(
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _plan_silu_and_mul(n_rows: int, d: int, esize: int, cfg: Any) -> _Plan:
+def plan_silu_and_mul(n_rows: int, d: int, esize: int, cfg: Any) -> LaunchPlan:
     """Constexprs (BLOCK_R, BLOCK_D); info = number of column blocks."""
     vec = max(1, 16 // esize)
-    tile = _pow2floor(max(1, cfg.tile_bytes // (2 * esize)))  # output elements, two loads each
-    bd = min(_pow2ceil(d), tile)
-    br = min(max(1, tile // bd), _pow2ceil(n_rows))
+    tile = pow2floor(max(1, cfg.tile_bytes // (2 * esize)))  # output elements, two loads each
+    bd = min(pow2ceil(d), tile)
+    br = min(max(1, tile // bd), pow2ceil(n_rows))
     min_elems = cfg.num_warps * cfg.warp_size * vec
-    br, bd = _shrink_tile(lambda r, c: _cdiv(n_rows, r) * _cdiv(d, c), br, bd, min_elems, cfg.min_programs)
-    ncb = _cdiv(d, bd)
-    w = _fit_warps(br * bd, vec, cfg)
-    return _Plan(_silu_and_mul_kernel, _cdiv(n_rows, br) * ncb, (br, bd), w, ncb)
+    br, bd = _shrink_tile(lambda r, c: cdiv(n_rows, r) * cdiv(d, c), br, bd, min_elems, cfg.min_programs)
+    ncb = cdiv(d, bd)
+    w = fit_warps(br * bd, vec, cfg)
+    return LaunchPlan(_silu_and_mul_kernel, cdiv(n_rows, br) * ncb, (br, bd), w, ncb)
 
 
 # ----------------------------------------------------------------------------------------------
 # Other gated activations (vLLM's): one kernel, the activation a constexpr
 
 # ACT of _act_and_mul_kernel per public function.
-_ACTS = {"gelu_tanh_and_mul": 0, "swigluoai_and_mul": 1, "mul_and_silu": 2}
+ACTS = {"gelu_tanh_and_mul": 0, "swigluoai_and_mul": 1, "mul_and_silu": 2}
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -576,11 +576,11 @@ def _act_and_mul_kernel(
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _plan_act_and_mul(n_rows: int, d: int, esize: int, act: int, cfg: Any) -> _Plan:
+def plan_act_and_mul(n_rows: int, d: int, esize: int, act: int, cfg: Any) -> LaunchPlan:
     """silu_and_mul's plan for _act_and_mul_kernel: constexprs (BLOCK_R, BLOCK_D, ACT); info =
     number of column blocks."""
-    p = _plan_silu_and_mul(n_rows, d, esize, cfg)
-    return _Plan(_act_and_mul_kernel, p.grid, (*p.consts, act), p.num_warps, p.info)
+    p = plan_silu_and_mul(n_rows, d, esize, cfg)
+    return LaunchPlan(_act_and_mul_kernel, p.grid, (*p.consts, act), p.num_warps, p.info)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -658,7 +658,7 @@ def _rope_kernel(
         tl.store(p, tl.reshape(o, [BLOCK_H, 2 * BLOCK_HALF]).to(q_ptr.dtype.element_ty), mask=m)
 
 
-def _plan_rotary_embedding(
+def plan_rotary_embedding(
     n_tokens: int,
     n_q: int,
     n_k: int,
@@ -668,28 +668,28 @@ def _plan_rotary_embedding(
     esize: int,
     cfg: Any,
     strided: bool = False,
-) -> _Plan:
+) -> LaunchPlan:
     """Constexprs (HEAD_SIZE, HALF, BLOCK_HALF, BLOCK_H, IS_NEOX[, STRIDED]); info = (query head
     blocks, head blocks per token)."""
     vec = max(1, 16 // esize)
     half = rot_dim // 2
-    bhalf = _pow2ceil(half)
-    tile_elems = _pow2floor(max(1, cfg.tile_bytes // esize))
+    bhalf = pow2ceil(half)
+    tile_elems = pow2floor(max(1, cfg.tile_bytes // esize))
     # A tile counts whole heads (the memory a program spans), not only their rotated part: with
     # rot_dim 64 of 128 on the H200, 16 heads a program ran at 3.44 TB/s against 3.31 for 32.
-    span = max(2 * bhalf, _pow2ceil(head_size))
-    bh = max(1, min(_pow2floor(max(1, tile_elems // span)), _pow2ceil(max(n_q, n_k))))
+    span = max(2 * bhalf, pow2ceil(head_size))
+    bh = max(1, min(pow2floor(max(1, tile_elems // span)), pow2ceil(max(n_q, n_k))))
     min_elems = cfg.num_warps * cfg.warp_size * vec
 
     def programs(b: int) -> int:
-        return n_tokens * (_cdiv(n_q, b) + _cdiv(n_k, b))
+        return n_tokens * (cdiv(n_q, b) + cdiv(n_k, b))
 
     # Each of the two loads (x1, x2) is a [bh, bhalf] tile: warps and shrinking go by that.
     while bh > 1 and programs(bh) < cfg.min_programs and bh * bhalf > min_elems:
         bh //= 2
-    nqb = _cdiv(n_q, bh)
-    nhb = nqb + _cdiv(n_k, bh)
-    w = _fit_warps(bh * bhalf, vec, cfg)
+    nqb = cdiv(n_q, bh)
+    nhb = nqb + cdiv(n_k, bh)
+    w = fit_warps(bh * bhalf, vec, cfg)
     # STRIDED only where asked: a packed call launches as it always did.
     consts = (head_size, half, bhalf, bh, is_neox) + ((True,) if strided else ())
-    return _Plan(_rope_kernel, n_tokens * nhb, consts, w, (nqb, nhb))
+    return LaunchPlan(_rope_kernel, n_tokens * nhb, consts, w, (nqb, nhb))

@@ -27,10 +27,10 @@ class TransformDriver:
     rotary_embedding over token counts, per model and dtype."""
 
     PLANNERS = {
-        "rms_norm": _transform._plan_rms_norm,
-        "silu_and_mul": _transform._plan_silu_and_mul,
-        "rotary_embedding": _transform._plan_rotary_embedding,
-        **{op: _transform._plan_act_and_mul for op in _transform._ACTS},
+        "rms_norm": _transform.plan_rms_norm,
+        "silu_and_mul": _transform.plan_silu_and_mul,
+        "rotary_embedding": _transform.plan_rotary_embedding,
+        **{op: _transform.plan_act_and_mul for op in _transform.ACTS},
     }
 
     def __init__(self, module: str, kernels: Any) -> None:
@@ -54,7 +54,7 @@ class TransformDriver:
                 if inter:
                     jobs.append(("silu_and_mul", (), (inter, esize), (inter,)))
                     # The other gated activations (a model names none: every one).
-                    for op, act in _transform._ACTS.items():
+                    for op, act in _transform.ACTS.items():
                         jobs.append((op, (), (inter, esize, act), (inter,)))
                 if hd and nq and nk:
                     for neox in (True, False):
@@ -62,7 +62,7 @@ class TransformDriver:
                         jobs.append(("rotary_embedding", variant, (nq, nk, hd, hd, neox, esize), (nq, nk, hd, neox)))
                 for op, variant, rest, args in jobs:
                     # The other gated activations launch on silu_and_mul's records.
-                    records = self.kernels.launch["silu_and_mul" if op in _transform._ACTS else op]
+                    records = self.kernels.launch["silu_and_mul" if op in _transform.ACTS else op]
                     planner, cfg = self.PLANNERS[op], records[opts.target]
                     for key, n in launch_plans(opts, notes, " ".join((op, model, dtype, *variant)), planner, *rest, cfg):
                         covers = (op, model, dtype, *variant, plan_text(key))
@@ -80,7 +80,7 @@ class TransformDriver:
         elif call.op == "silu_and_mul":
             (inter,) = rest
             self.kernels.silu_and_mul(empty((n, 2 * inter), dt, device), hw=target)
-        elif call.op in _transform._ACTS:
+        elif call.op in _transform.ACTS:
             (inter,) = rest
             self.kernels.act_and_mul(call.op, empty((n, 2 * inter), dt, device), hw=target)
         else:

@@ -85,7 +85,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def device() -> torch.device:
-    if _launch._INTERPRET:
+    if _launch.INTERPRET:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError(

@@ -189,7 +189,7 @@ def driver(module: str) -> Any:
 
 def _run_call(call: Call, device: torch.device, compile: frozenset[int] = frozenset()) -> _Handler:
     handler = _Handler(compile)
-    with _launch._compile_only(handler):
+    with _launch.compile_only(handler):
         driver(call.module).run(call, device)
     return handler
 
@@ -399,7 +399,7 @@ def _compile_in_workers(
 ) -> None:
     """Compile ``units`` in ``workers`` spawned processes (a unit a task, taken in order as
     processes free up); ``done(index, results)`` as each finishes."""
-    device_index = None if _launch._INTERPRET else torch.cuda.current_device()
+    device_index = None if _launch.INTERPRET else torch.cuda.current_device()
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(
         max_workers=workers, mp_context=context, initializer=_worker_init, initargs=(cache_dir, device_index)
@@ -445,7 +445,7 @@ def warmup(
     this under ``if __name__ == "__main__":`` in a script.
     """
     t0 = time.perf_counter()
-    if not _launch._INTERPRET and not torch.cuda.is_available():
+    if not _launch.INTERPRET and not torch.cuda.is_available():
         raise RuntimeError(
             "warm-up compiles for this machine's GPU and there is none; under TRITON_INTERPRET=1 it plans the calls only"
         )
@@ -471,7 +471,7 @@ def warmup(
         compiled = _compile_unit(p.units[index], p.calls, dev)
         finish(index, compiled, "this process")
         cold = _cache_entries(cache_dir) != entries or sum(c.seconds for c in compiled) > _COMPILED_S
-        if cold and workers > 1 and len(pending) > 1 and not _launch._INTERPRET:
+        if cold and workers > 1 and len(pending) > 1 and not _launch.INTERPRET:
             used = min(workers, len(pending))
             break
     if used:
@@ -505,7 +505,7 @@ def warmup(
         dtypes=p.options.dtypes,
         models=tuple(p.options.models),
         modules=p.modules,
-        interpreter=_launch._INTERPRET,
+        interpreter=_launch.INTERPRET,
         calls=len(p.calls),
         launches=sum(len(x) for x in p.launches),
         kernels=kernels,
