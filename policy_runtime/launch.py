@@ -1,14 +1,16 @@
-"""Host-side launch machinery shared by the kernel modules (hand-written).
+"""The runtime's shared launch API (hand-written): what families and generated modules use.
 
-For the memory-bound kernels (policy_runtime/transform.py and cache.py, which generated/
-transform.py and cache.py call): launch plans (grid, constexprs and num_warps of one call
-signature, memoised by the caller), the warp-fitting rule, the argument checks both make and the
-check of the launch tables a generated module hands them.  For every kernel module, matmul
-included: ``ready_triton``, which overlaps Triton's two one-off setup steps before a process's
-first compiled launch; ``launch_kernel``, through which every launch site goes (``run_plan`` for
-the planned launches), and the compile-only scope of policy_runtime/warmup.py, in which a launch
-site hands its launch to the scope instead of running it.  The names keep their leading
-underscore: they are the kernel modules' internals, not API.
+- Setup and launch: ``INTERPRET`` (Triton's interpreter is on), ``FIRST_LAUNCH`` / ``ready_triton``
+  (Triton's one-off setup, before a process's first compiled launch), ``launch_kernel`` (every
+  launch site goes through it), ``programmatic`` (PDL launches possible), ``compile_only`` /
+  ``compiling`` (warm-up's scope, in which launches are handed to it, not run).
+- Launch plans of the memory-bound kernels: ``LaunchPlan``, ``remember``, ``run_plan``,
+  ``fit_warps``, ``cdiv``, ``pow2ceil``, ``pow2floor``; ``launch_tables`` checks the launch tables a
+  generated module hands its family.
+- Argument checks, each written once (a ValueError or TypeError naming the operation and the
+  argument): ``check_runnable`` (a CUDA tensor, or any under the interpreter), ``check_float``,
+  ``check_device``; ``FLOAT_DTYPES``, ``INDEX_DTYPES``.
+Names with a leading underscore are this module's own.
 """
 
 from __future__ import annotations
@@ -48,8 +50,7 @@ def ready_triton() -> None:
     Any process's first Triton launch pays both, one after the other, inside that launch: the
     driver builds its C helper module (a compiler subprocess), and the cache key hashes Triton's
     ~500 MB compiler library (file reads and hashlib release the GIL).  Neither needs the other,
-    so here they overlap: on the H200 host a cold first matmul call took 1.27-1.49 s instead of
-    1.52-1.86 s (commit 7611954).  Best effort: where this Triton has no ``triton_key``, only
+    so here they overlap (README.md gives what that saved on the H200).  Best effort: where this Triton has no ``triton_key``, only
     the driver is initialised here; where a step fails, the launch does it again and raises
     Triton's own error.
     """
@@ -104,7 +105,7 @@ def programmatic(t: torch.Tensor) -> bool:
 # A launch handler: (kernel, grid, args, kwargs) -> None.
 _LaunchHandler = Callable[[Any, tuple, tuple, dict], None]
 
-# The compile-only scope of this thread or asyncio task (policy_runtime/warmup.py): its handler
+# The compile-only scope of this thread or asyncio task (policy_runtime/warmup/): its handler
 # gets each launch instead of the GPU.  Threads started inside a scope launch as usual.
 _COMPILE_ONLY: ContextVar[Optional[_LaunchHandler]] = ContextVar("policy_runtime_compile_only", default=None)
 # Scopes open in the process: until one opens, a launch reads no context variable.

@@ -1,6 +1,6 @@
 """generated/matmul.py: every specialized kernel on ragged shapes, bucket selection, errors.
 
-The kernel bodies and the host side (launchers, workspaces, checks) are policy_runtime/matmul.py's:
+The kernel bodies and the host side (launchers, workspaces, checks) are policy_runtime/matmul/ops.py's:
 tests of internals read and patch them there (``rt``).
 
 On a machine without a GPU these run in Triton's interpreter (tests/conftest.py sets

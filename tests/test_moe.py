@@ -2,7 +2,7 @@
 float64 per-expert reference; moe_align_block_size and topk_softmax against plain references;
 bucket selection; argument errors.
 
-The kernel bodies and the host side are policy_runtime/moe.py's (``rt``).  Without a GPU the
+The kernel bodies and the host side are policy_runtime/moe/ops.py's (``rt``).  Without a GPU the
 kernels run in Triton's interpreter (tests/conftest.py), in fp16 and fp32 (its bf16 arithmetic is
 wrong); on a GPU every 16-bit case runs in bf16 too.  Sizes are small (H 64, I 48, E 8-16) so the
 interpreter runs the file in well under a minute; T is ragged (1 to 300) and never a multiple of

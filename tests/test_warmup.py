@@ -1,4 +1,4 @@
-"""Ahead-of-time warm-up (policy_runtime/warmup.py), checked on the CPU in Triton's interpreter.
+"""Ahead-of-time warm-up (policy_runtime/warmup/), checked on the CPU in Triton's interpreter.
 
 The interpreter compiles nothing, so what is checked here is what can be without a GPU: that the
 compile-only scope runs no kernel and leaves every output as it was; that the drivers make one

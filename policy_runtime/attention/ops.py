@@ -1,6 +1,6 @@
 """The hand-written half of generated/attention.py: attention kernel bodies and the host side.
 
-generated/attention.py (templates/attention.py.j2) holds what varies with the specs: one small
+generated/attention.py (templates/attention/module.py.j2) holds what varies with the specs: one small
 ``@triton.jit`` kernel per distinct prefill tile (``AttentionConfig``'s ``triton_block_m/n``,
 ``triton_num_warps/stages``) and per distinct decode tile (``AttentionLaunch``), each calling a
 body below with its constants as keyword arguments; the tables of records per dtype, model (or

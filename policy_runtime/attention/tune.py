@@ -1,7 +1,7 @@
 """Paged decode's tuning harness: how ``python -m codegen tune attention`` runs an AttentionConfig.
 
 Named by ``[attention.tune] harness`` in specs/kernels/attention.toml; the protocol is the one
-policy_runtime/matmul_tune.py describes.  A problem is one ``decode_attention`` call: ``batch``
+policy_runtime/matmul/tune.py describes.  A problem is one ``decode_attention`` call: ``batch``
 sequences of ``context`` tokens each, one query token per sequence, on a paged cache (blocks of 16
 tokens in a shuffled block table); the heads and head_dim come from ``params`` (the spec hands the
 model's ``num_heads``, ``num_kv_heads`` and ``head_dim``), and ``params["target"]`` names the part.

@@ -1,11 +1,11 @@
 """The ``tl.constexpr`` values a ``matmul`` record gives the matmul kernel bodies, and the pointer
 kernel a TMA kernel falls back to.
 
-One mapping for both places that launch a record's kernel: templates/matmul_context.py (run by
+One mapping for both places that launch a record's kernel: templates/matmul/context.py (run by
 the compiler) bakes these values into generated/matmul.py's wrappers, and
-policy_runtime/matmul_tune.py binds them to the same bodies when ``codegen tune`` runs a candidate
+policy_runtime/matmul/tune.py binds them to the same bodies when ``codegen tune`` runs a candidate
 record, so the tuner times the kernel the build would generate.  Plain Python (no torch, no
-triton), so that the compiler can import it; the bodies themselves are in policy_runtime/matmul.py.
+triton), so that the compiler can import it; the bodies themselves are in policy_runtime/matmul/ops.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 
 def body_constants(record: Mapping[str, Any], dtype_bytes: int) -> tuple[str, dict[str, Any]]:
-    """The name of the body in policy_runtime/matmul.py a record's kernel calls, and its constants
+    """The name of the body in policy_runtime/matmul/ops.py a record's kernel calls, and its constants
     in the order the generated wrapper passes them."""
     kind = record["kernel"]
     # tl.dot's input precision: fp32 operands in full precision (Triton's default rounds them to

@@ -1,6 +1,6 @@
 """The hand-written half of generated/matmul.py: the kernel bodies and the host side.
 
-generated/matmul.py (templates/matmul.py.j2) holds what varies with the specs: one small
+generated/matmul.py (templates/matmul/module.py.j2) holds what varies with the specs: one small
 ``@triton.jit`` kernel per distinct bucket config, which calls a body below with its constants
 baked in, and its ``Variant`` record; each target's buckets and selector; the tables by dtype
 and target; and the public functions, which hand those tables to a ``Matmul`` (below).

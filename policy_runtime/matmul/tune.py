@@ -1,22 +1,13 @@
 """matmul's tuning harness: how ``python -m codegen tune matmul`` runs a record on a problem.
 
-Named by ``[matmul.tune] harness`` in specs/kernels/matmul.toml; the tuner knows no family, only
-this protocol (``codegen/tune/measure.py``):
-
-- ``HARNESS.problem(shape, dtype, device, params)`` -> a problem for one shape (``{"m": .., "n": .., "k": ..}``;
-  ``params``: the spec's fixed problem parameters and model fields, none for matmul, and
-  ``params["target"]``, the hardware spec name tuned);
-- ``problem.kernel(record)`` -> a no-argument callable running the family's kernel with that
-  record's values (a ``MatmulConfig`` bucket record, as ``codegen`` resolved it for the target)
-  and returning its output, or raising ValueError where the record cannot serve the problem;
-- ``problem.library()`` -> the same for the vendor library (torch.matmul), or None;
-- ``problem.error(out)`` -> the relative error of an output against an fp32 reference;
-- ``problem.flops`` for reports.
-
-A record runs through the same launchers as the generated kernels (``Variant.launch`` of
-policy_runtime/matmul.py: split rule, workspaces, TMA descriptors and fallback), on the kernel
-body that generated/matmul.py's wrapper for that record would call, with the same constants (one
-mapping for both: policy_runtime/matmul_constexprs.py).
+The matmul family's ``tune`` (policy_runtime.matmul.FAMILY); the tuner knows no family, only this
+protocol (``codegen/tune/measure.py``): ``HARNESS.problem(shape, dtype, device, params)`` -> a
+problem for one shape (``{"m", "n", "k"}``; ``params["target"]``: the hardware spec tuned), whose
+``kernel(record)`` returns a no-argument callable running a bucket record (ValueError where it
+cannot serve the problem), ``library()`` the same for torch.matmul, ``error(out)`` the relative
+error against an fp32 reference, and ``flops``.  A record runs through the generated kernels'
+launchers (``Variant.launch`` of ops.py: split rule, workspaces, TMA descriptors and fallback) on
+the body and constants generated/matmul.py's wrapper would use (constexprs.py, one mapping for both).
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ from ..tuning import BoundKernel, Harness, Problem
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _mm.Variant:
     """The runtime ``Variant`` of a bucket record: its kernel the body and constants
     generated/matmul.py's wrapper would have, a TMA kernel's pointer-kernel fallback the one it
-    would name (policy_runtime/matmul_constexprs.py, which the template's context reads too)."""
+    would name (policy_runtime/matmul/constexprs.py, which the template's context reads too)."""
     kind = record["kernel"]
     body, constants = body_constants(record, dtype_bytes)
     fallback = variant(fallback_record(record), dtype_bytes) if kind == "tma_persistent" else None

@@ -1,10 +1,10 @@
 """The ``tl.constexpr`` values a ``moe_launch`` record gives fused MoE's kernel bodies.
 
-One mapping for both places that launch a record's kernels: templates/moe_context.py (run by
-the compiler) bakes these values into generated/moe.py's wrappers, and policy_runtime/moe_tune.py
+One mapping for both places that launch a record's kernels: templates/moe/context.py (run by
+the compiler) bakes these values into generated/moe.py's wrappers, and policy_runtime/moe/tune.py
 binds them to the same bodies when ``codegen tune`` runs a candidate record, so the tuner times
 the kernel the build would generate.  Plain Python (no torch, no triton), so that the compiler
-can import it; the bodies themselves are in policy_runtime/moe.py.
+can import it; the bodies themselves are in policy_runtime/moe/ops.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 def body_constants(record: Mapping[str, Any], dtype_bytes: int) -> dict[str, tuple[str, dict[str, Any]]]:
     """``{"up": (body, constants), "down": (body, constants)}`` for one record: the name of the
-    body in policy_runtime/moe.py each kernel calls, and its constants in the order the generated
+    body in policy_runtime/moe/ops.py each kernel calls, and its constants in the order the generated
     wrapper passes them."""
     kind = record["kernel"]
     # tl.dot's input precision: fp32 operands in full precision (Triton's default rounds them to

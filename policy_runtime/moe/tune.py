@@ -1,13 +1,13 @@
 """fused_moe's tuning harness: how ``python -m codegen tune moe_launch`` runs a bucket record.
 
 Named by ``[moe_launch.tune] harness`` in specs/kernels/moe.toml; the protocol is the one
-policy_runtime/matmul_tune.py describes.  A problem is one MoE layer call of shape (T, I): T
+policy_runtime/matmul/tune.py describes.  A problem is one MoE layer call of shape (T, I): T
 tokens through experts of intermediate size I (the policy's bucket dimensions ``t`` and ``i``);
 the rest of the layer's sizes come from ``params`` (the spec hands the model's ``num_experts``,
 ``hidden_size`` and ``top_k``), the routing from a seeded top-k softmax.  A record runs
-through ``Variant.run`` of policy_runtime/moe.py (alignment, both GEMMs, the sum), as
+through ``Variant.run`` of policy_runtime/moe/ops.py (alignment, both GEMMs, the sum), as
 ``fused_moe`` runs a bucket's kernels, on the kernel bodies generated/moe.py's wrappers would call
-with the record's constants (one mapping for both: policy_runtime/moe_constexprs.py).  No vendor
+with the record's constants (one mapping for both: policy_runtime/moe/constexprs.py).  No vendor
 library: the family declares no backend to choose.
 """
 
@@ -24,7 +24,7 @@ from ..tuning import BoundKernel, Harness, Problem
 
 def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
     """The runtime ``Variant`` of a ``MoELaunchConfig`` record: its kernels the bodies and constants
-    generated/moe.py's wrappers would have (policy_runtime/moe_constexprs.py, which the template's
+    generated/moe.py's wrappers would have (policy_runtime/moe/constexprs.py, which the template's
     context reads too)."""
     kernels = {
         part: BoundKernel(getattr(_moe, body), f"candidate{body}", constants)

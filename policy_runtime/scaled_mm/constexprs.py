@@ -1,10 +1,10 @@
 """The ``tl.constexpr`` values a ``scaled_mm`` record gives the scaled-matmul kernel body.
 
-One mapping for both places that launch a record's kernel: templates/scaled_mm_context.py (run by
+One mapping for both places that launch a record's kernel: templates/scaled_mm/context.py (run by
 the compiler) bakes these values into generated/scaled_mm.py's wrappers, and
-policy_runtime/scaled_mm_tune.py binds them to the same body when ``codegen tune`` runs a candidate
+policy_runtime/scaled_mm/tune.py binds them to the same body when ``codegen tune`` runs a candidate
 record.  Plain Python (no torch, no triton), so that the compiler can import it; the body itself is
-in policy_runtime/scaled_mm.py.
+in policy_runtime/scaled_mm/ops.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ SCALE_BLOCK = 128
 
 
 def body_constants(record: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The name of the body in policy_runtime/scaled_mm.py a record's kernel calls, and its
+    """The name of the body in policy_runtime/scaled_mm/ops.py a record's kernel calls, and its
     constants in the order the generated wrapper passes them."""
     return "scaled_grouped_body", dict(
         BLOCK_M=record["block_m"],

@@ -12,11 +12,9 @@ and stored as bf16, fp16 or fp32.  The scaling follows from the scales' shapes (
   w8a8 block fp8).  Every K step (a divisor of 128) lies in one block, so each step's fp32 dot is
   scaled by its rows' and columns' scales before it is added: the sum over blocks is exact in fp32.
 
-One kernel body (``scaled_grouped_body``, grouped tile order, pointer loads, FP8 tensor-core dot) serves
-both scalings as a constexpr; generated/scaled_mm.py specializes it per bucket config.  Triton's CPU
-interpreter (TRITON_INTERPRET=1) loads float8_e4m3fn tensors and runs the same ``tl.dot`` on them
-(in fp32 arithmetic, measured exact against fp32 on the dequantized values), so the CPU tests run
-the kernel as the GPU does; only the native FP8 tensor-core instructions and their speed need a GPU.
+One kernel body (``scaled_grouped_body``) serves both scalings as a constexpr; generated/scaled_mm.py
+specializes it per bucket config.  Triton's interpreter runs the same ``tl.dot`` on fp8 tensors, so
+the CPU tests run the kernel itself.
 """
 
 from __future__ import annotations

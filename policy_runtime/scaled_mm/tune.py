@@ -1,12 +1,12 @@
 """scaled_mm's tuning harness: how ``python -m codegen tune scaled_mm`` runs a record on a problem.
 
 Named by ``[scaled_mm.tune] harness`` in specs/kernels/scaled_mm.toml; the protocol is
-policy_runtime/matmul_tune.py's (``codegen/tune/measure.py``).  The problem: A (m, k) e4m3
+policy_runtime/matmul/tune.py's (``codegen/tune/measure.py``).  The problem: A (m, k) e4m3
 row-major, B (k, n) e4m3 the transpose of a row-major (n, k) weight, output in the spec's
 ``dtype``, with the scaling the spec's ``params.scaling`` names ("tensor", "rowwise" or "block");
 the library is torch._scaled_mm for the first two (none for block scales).  A record runs through
-``Variant.launch`` of policy_runtime/scaled_mm.py on the body and constants generated/scaled_mm.py's
-wrapper for it would have (policy_runtime/scaled_mm_constexprs.py).
+``Variant.launch`` of policy_runtime/scaled_mm/ops.py on the body and constants generated/scaled_mm.py's
+wrapper for it would have (policy_runtime/scaled_mm/constexprs.py).
 """
 
 from __future__ import annotations

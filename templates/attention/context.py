@@ -1,4 +1,4 @@
-"""Context of templates/attention.py.j2 (the attention family's context file, run by the compiler).
+"""Context of templates/attention/module.py.j2 (the attention family's context file, run by the compiler).
 
 From the generic context (codegen/context.py) of the per-model ``attention`` config
 (AttentionConfig: prefill tiles, decode thresholds, native flags) and the per-head_dim

@@ -1,4 +1,4 @@
-"""Context of templates/matmul.py.j2 (the matmul family's context file, run by the compiler).
+"""Context of templates/matmul/module.py.j2 (the matmul family's context file, run by the compiler).
 
 From the generic context (codegen/context.py) of the bucketed ``matmul`` config: one Triton
 kernel per distinct kernel config (named after its constants, so a name never moves when a

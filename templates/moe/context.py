@@ -1,4 +1,4 @@
-"""Context of templates/moe.py.j2 (the fused-MoE family's context file, run by the compiler).
+"""Context of templates/moe/module.py.j2 (the fused-MoE family's context file, run by the compiler).
 
 From the generic context (codegen/context.py) of the bucketed ``moe_launch`` config: one pair of
 Triton kernels (up and down GEMM) per distinct kernel config, named after its constants (so a
@@ -89,7 +89,7 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
                 "kind": consts["kernel"],
                 "c": consts,
                 # Each kernel's body and the constants its wrapper passes (shared with
-                # codegen tune's harness, policy_runtime/moe_tune.py).
+                # codegen tune's harness, policy_runtime/moe/tune.py).
                 "bodies": body_constants(consts, variant["params"]["dtype_bytes"]),
                 "summary": kernel_summary(consts),
                 "users": [],

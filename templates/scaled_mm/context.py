@@ -1,4 +1,4 @@
-"""Context of templates/scaled_mm.py.j2 (the scaled_mm family's context file, run by the compiler).
+"""Context of templates/scaled_mm/module.py.j2 (the scaled_mm family's context file, run by the compiler).
 
 From the generic context (codegen/context.py) of the bucketed ``scaled_mm`` config: one Triton
 kernel per distinct tile config (named after its constants, so a name never moves when a target or
