@@ -262,7 +262,7 @@ def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape,
     (v,) = {mm.select(*shape, dtype=torch.float16, hw="h200").triton for shape in shapes}
     for M, N, K in shapes + [cpu_shape]:
         tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
-        assert rt.splits(v, tiles) > 1
+        assert rt.split_count(v, tiles) > 1
     assert {mm.select(*shape, hw="h200").name for shape in shapes} == {bucket}
     monkeypatch.setattr(rt, "_WORKSPACES", {})
     monkeypatch.setattr(rt, "_UNZEROED", set())
@@ -400,18 +400,18 @@ def test_split_k_only_fills_one_wave(name):
     SM count), and not at all once its tiles fill the wave; both launches are exact."""
     v = mm.VARIANTS[name]
     assert v.num_programs > 0
-    assert rt.splits(v, 1) == v.split_k
-    assert rt.splits(v, v.num_programs // v.split_k) == v.split_k
+    assert rt.split_count(v, 1) == v.split_k
+    assert rt.split_count(v, v.num_programs // v.split_k) == v.split_k
     if (v.num_programs, v.split_k) == (132, 2):  # the H100/H200 SM count: by hand
-        assert [rt.splits(v, t) for t in (1, 64, 66, 67, 131, 132, 500)] == [2, 2, 2, 1, 1, 1, 1]
-    assert rt.splits(v, v.num_programs) == 1
-    assert rt.splits(v, 10 * v.num_programs) == 1
+        assert [rt.split_count(v, t) for t in (1, 64, 66, 67, 131, 132, 500)] == [2, 2, 2, 1, 1, 1, 1]
+    assert rt.split_count(v, v.num_programs) == 1
+    assert rt.split_count(v, 10 * v.num_programs) == 1
     dtype = dtype_of(name)
     M, N, K = (7, 130, 300) if v.kind == "small_m" else (19, 130, 300)
     tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
     for wave, splits in ((tiles, 1), (tiles * v.split_k, v.split_k)):
         w = dataclasses.replace(v, num_programs=wave)
-        assert rt.splits(w, tiles) == splits
+        assert rt.split_count(w, tiles) == splits
         rt._WORKSPACES.clear()
 
         def run(a, b, out):
@@ -458,9 +458,9 @@ def test_tma_kernel_splits_only_its_last_partial_wave(name, monkeypatch):
         # 128x256 tiles), 320 = 2 waves + 56 (5120x2048).
         cases = [(1, 4), (33, 4), (34, 3), (44, 3), (45, 2), (66, 2), (67, 1), (131, 1), (132, 1)]
         cases += [(133, 4), (166, 3), (264, 1), (320, 2), (1720, 4)]
-        assert [rt.splits(v, t) for t, _ in cases] == [s for _, s in cases]
-    assert rt.splits(v, P) == rt.splits(v, 7 * P) == 1  # only full waves: nothing split
-    assert rt.splits(v, P + 1) == rt.splits(v, 1) == v.split_k
+        assert [rt.split_count(v, t) for t, _ in cases] == [s for _, s in cases]
+    assert rt.split_count(v, P) == rt.split_count(v, 7 * P) == 1  # only full waves: nothing split
+    assert rt.split_count(v, P + 1) == rt.split_count(v, 1) == v.split_k
     # One full wave plus one tile, split split_k ways over K tiles that do not divide evenly.
     dtype = dtype_of(name)
     M, N, K = 100, P * v.block_n + 8, v.split_k * v.block_k + 8
