@@ -75,7 +75,7 @@ from bench.runlog import RunLog  # noqa: E402
 from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import attention as at  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
-from policy_runtime.attention import decode_plan  # noqa: E402
+from policy_runtime.attention.ops import decode_plan  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16

@@ -88,7 +88,7 @@ import triton.language as tl  # noqa: E402
 from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import matmul as mm  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
-from policy_runtime.matmul import _grouped  # noqa: E402  (the kernel body the generated kernels share)
+from policy_runtime.matmul.ops import grouped_body as _grouped  # noqa: E402  (the kernel body the generated kernels share)
 
 DEVICE = "cpu" if ARGS.cpu_smoke else "cuda"
 DTYPE = torch.float16 if ARGS.cpu_smoke else torch.bfloat16

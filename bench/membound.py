@@ -55,8 +55,8 @@ import generated.transform as T  # noqa: E402
 from bench import reference_ops as R  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
 from bench.timing import cpu_ms, gpu_ms  # noqa: E402
-from policy_runtime import cache as cache_runtime  # noqa: E402
-from policy_runtime import transform as transform_runtime  # noqa: E402
+from policy_runtime.cache import ops as cache_runtime  # noqa: E402
+from policy_runtime.transform import ops as transform_runtime  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
@@ -425,7 +425,7 @@ def make_cases(target):
                         lambda *a: T.rms_norm(*a[:3], residual=a[3], hw=HW), R.rms_norm_ref, [x, w, EPS, r]
                     ),
                     bytes=(4 if res else 2) * tok * h * es + h * es,
-                    plan=_plan(transform_runtime._plan_rms_norm, tok, h, es, res, rec["rms_norm"]),
+                    plan=_plan(transform_runtime.plan_rms_norm, tok, h, es, res, rec["rms_norm"]),
                 )
 
             name = f"rms_norm{'+res' if res else ''} T={tok} h={h}"
@@ -440,7 +440,7 @@ def make_cases(target):
                 ref=(R.silu_and_mul_ref, (x,)),
                 check=lambda: same_effect(lambda x: T.silu_and_mul(x, hw=HW), R.silu_and_mul_ref, [x]),
                 bytes=3 * tok * d * es,
-                plan=_plan(transform_runtime._plan_silu_and_mul, tok, d, es, rec["silu_and_mul"]),
+                plan=_plan(transform_runtime.plan_silu_and_mul, tok, d, es, rec["silu_and_mul"]),
             )
 
         name = f"silu_and_mul T={tok} d={d}"
@@ -463,7 +463,7 @@ def make_cases(target):
                     ),
                     bytes=2 * tok * (H + KH) * rot * es + tok * 8 + tok * rot * es,
                     plan=_plan(
-                        transform_runtime._plan_rotary_embedding, tok, H, KH, rot, HS, neox, es, rec["rotary_embedding"]
+                        transform_runtime.plan_rotary_embedding, tok, H, KH, rot, HS, neox, es, rec["rotary_embedding"]
                     ),
                     pattern=(
                         None if tok == 1 else (pattern_copy_fn(tok, H + KH, HS, rot), 2 * tok * (H + KH) * rot * es)
@@ -493,7 +493,7 @@ def make_cases(target):
                     lambda *a: C.reshape_and_cache(*a, hw=HW), R.reshape_and_cache_ref, list(args), exact=True
                 ),
                 bytes=4 * tok * KH * HS * es + 8 * tok,
-                plan=_plan(cache_runtime._plan_reshape_and_cache, tok, KH * HS, HS, es, rec["reshape_and_cache"]),
+                plan=_plan(cache_runtime.plan_reshape_and_cache, tok, KH * HS, HS, es, rec["reshape_and_cache"]),
             )
 
         name = f"reshape_and_cache T={tok} kv={kh}x{HS} bs={BS}"
@@ -515,7 +515,7 @@ def make_cases(target):
                     lambda *a: C.copy_blocks(*a, hw=HW), R.copy_blocks_ref, [kcs, vcs, bm], exact=True
                 ),
                 bytes=2 * 2 * layers * n * block * es + 16 * n,
-                plan=_plan(cache_runtime._plan_copy_blocks, n, 2 * layers, block, 16 // es, es, rec["copy_blocks"]),
+                plan=_plan(cache_runtime.plan_copy_blocks, n, 2 * layers, block, 16 // es, es, rec["copy_blocks"]),
             )
 
         name = f"copy_blocks pairs={n} layers={layers}"

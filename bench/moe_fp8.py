@@ -74,7 +74,7 @@ import torch  # noqa: E402
 from bench import peers  # noqa: E402
 from generated import moe as M  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
-from policy_runtime import moe_fp8 as F  # noqa: E402
+from policy_runtime.moe import fp8 as F  # noqa: E402
 from policy_runtime.timing import cpu_ms, environment, gpu_ms, median_ratio, per_round, rel_err  # noqa: E402
 
 DEV = "cpu" if ARGS.cpu_smoke else "cuda"

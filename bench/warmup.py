@@ -149,7 +149,7 @@ def _bucket_calls(torch, W, modules, hw, dtypes, device) -> list[dict]:
         _sync(torch)
         t0 = time.perf_counter()
         try:
-            W._driver(call.module).run(call, device)
+            W.driver(call.module).run(call, device)
             _sync(torch)
         except Exception as exc:  # reported; the other calls go on
             rows.append({"call": call.describe(), "error": f"{type(exc).__name__}: {exc}"[:1000]})
@@ -166,11 +166,12 @@ def phase_child() -> None:
 
     import generated
     from generated import matmul as mm
-    from policy_runtime import warmup as W
+    from policy_runtime.warmup import engine as W
+    from policy_runtime.warmup import calls as warmup_calls
 
     result = {"imports_s": time.perf_counter() - import_t0}
     modules = [f"generated.{m}" for m in generated.KERNEL_MODULES]
-    device = W._device()
+    device = warmup_calls.device()
     dtype = torch.float16 if ARGS.cpu_smoke else torch.bfloat16
     if ARGS.phase == "warmup":
         t0 = time.perf_counter()

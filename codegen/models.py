@@ -569,9 +569,11 @@ class TuneSpec(Spec):
     """``[<config>.tune]``: what ``python -m codegen tune <config>`` needs to tune this family;
     no code per family in the tuner."""
 
-    # "module:attribute" of the family's tuning harness: ordinary Python (in policy_runtime) that
-    # builds a problem for a shape and runs a record's kernel, the incumbent's and the library's.
-    harness: Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")]
+    # The family's tuning harness: ordinary Python that builds a problem for a shape and runs a
+    # record's kernel, the incumbent's and the library's.  By default the ``tune`` of the family
+    # of the module reading this config (``policy_runtime.<module>.FAMILY``); a project whose
+    # runtime lives elsewhere names it as "module:attribute".
+    harness: Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     # The variant whose records are timed (others are only checked); the harness's dtype.
     variant: Ident
     dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
@@ -731,7 +733,8 @@ class ReadSpec(Spec):
     dims: tuple[Annotated[str, Field(pattern=r"^[a-z]$")], ...] = ()
 
 
-ModuleFile = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")]
+# A file under a template folder: "module.py.j2", or in a family's folder "matmul/module.py.j2".
+ModuleFile = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(/[A-Za-z0-9_][A-Za-z0-9_.\-]*)*$")]
 
 
 class ModuleSpec(Spec):

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "unserved_error"]
+__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "to_e4m3", "unserved_error"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 # vLLM's names of an e4m3 cache ("fp8" is e4m3 on CUDA); "auto" stores the model's dtype.
@@ -85,7 +85,7 @@ def unserved_error(op: str, target: str, missing: str, spec: str, served: Option
 
 
 @triton.jit
-def _to_e4m3(x):
+def to_e4m3(x):
     # saturate(x) rounded to nearest even on e4m3fn's grid, as float8e4nv.  The rounding is done in
     # fp32 first, so that the final cast is exact: hardware's cvt.rn.satfinite gives the same bytes,
     # and Triton's interpreter (whose fp32 -> fp8 cast drops the carry of a mantissa that rounds up

@@ -1,14 +1,16 @@
-"""Host-side launch machinery shared by the kernel modules (hand-written).
+"""The runtime's shared launch API (hand-written): what families and generated modules use.
 
-For the memory-bound kernels (policy_runtime/transform.py and cache.py, which generated/
-transform.py and cache.py call): launch plans (grid, constexprs and num_warps of one call
-signature, memoised by the caller), the warp-fitting rule, the argument checks both make and the
-check of the launch tables a generated module hands them.  For every kernel module, matmul
-included: ``_ready_triton``, which overlaps Triton's two one-off setup steps before a process's
-first compiled launch; ``_launch_kernel``, through which every launch site goes (``_run`` for
-the planned launches), and the compile-only scope of policy_runtime/warmup.py, in which a launch
-site hands its launch to the scope instead of running it.  The names keep their leading
-underscore: they are the kernel modules' internals, not API.
+- Setup and launch: ``INTERPRET`` (Triton's interpreter is on), ``FIRST_LAUNCH`` / ``ready_triton``
+  (Triton's one-off setup, before a process's first compiled launch), ``launch_kernel`` (every
+  launch site goes through it), ``programmatic`` (PDL launches possible), ``compile_only`` /
+  ``compiling`` (warm-up's scope, in which launches are handed to it, not run).
+- Launch plans of the memory-bound kernels: ``LaunchPlan``, ``remember``, ``run_plan``,
+  ``fit_warps``, ``cdiv``, ``pow2ceil``, ``pow2floor``; ``launch_tables`` checks the launch tables a
+  generated module hands its family.
+- Argument checks, each written once (a ValueError or TypeError naming the operation and the
+  argument): ``check_runnable`` (a CUDA tensor, or any under the interpreter), ``check_float``,
+  ``check_device``; ``FLOAT_DTYPES``, ``INDEX_DTYPES``.
+Names with a leading underscore are this module's own.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import triton
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int64, torch.int32)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int64, torch.int32)
 # Triton's interpreter runs kernels on CPU tensors; compiled kernels need CUDA tensors.
 # Read as Triton reads it (TRITON_INTERPRET=0, false, off: compiled).
-_INTERPRET = bool(triton.knobs.runtime.interpret)
+INTERPRET = bool(triton.knobs.runtime.interpret)
 _MAX_GRID = 2**31 - 1
 # CCCL's most items per thread: rms_norm adds warps (up to max_warps) for rows beyond it.
 _MAX_ITEMS_PER_THREAD = 32
@@ -37,25 +39,24 @@ _PLAN_CACHE_LIMIT = 4096
 # ----------------------------------------------------------------------------------------------
 # A process's first launch
 
-# True until _ready_triton has run (once per process; a race between threads only repeats it).
-_FIRST_LAUNCH = True
+# True until ready_triton has run (once per process; a race between threads only repeats it).
+FIRST_LAUNCH = True
 
 
-def _ready_triton() -> None:
+def ready_triton() -> None:
     """Before a process's first compiled launch: initialise Triton's CUDA driver while a thread
     computes Triton's own cache key.
 
     Any process's first Triton launch pays both, one after the other, inside that launch: the
     driver builds its C helper module (a compiler subprocess), and the cache key hashes Triton's
     ~500 MB compiler library (file reads and hashlib release the GIL).  Neither needs the other,
-    so here they overlap: on the H200 host a cold first matmul call took 1.27-1.49 s instead of
-    1.52-1.86 s (commit 7611954).  Best effort: where this Triton has no ``triton_key``, only
+    so here they overlap (README.md gives what that saved on the H200).  Best effort: where this Triton has no ``triton_key``, only
     the driver is initialised here; where a step fails, the launch does it again and raises
     Triton's own error.
     """
-    global _FIRST_LAUNCH
-    _FIRST_LAUNCH = False
-    if _INTERPRET:
+    global FIRST_LAUNCH
+    FIRST_LAUNCH = False
+    if INTERPRET:
         return  # the interpreter compiles nothing
     try:
         from triton.runtime.cache import triton_key
@@ -91,11 +92,11 @@ def _pdl_device(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def _programmatic(t: torch.Tensor) -> bool:
+def programmatic(t: torch.Tensor) -> bool:
     """Can kernels on ``t``'s device be launched as programmatic dependent launches (CUDA's PDL:
     ``griddepcontrol``, NVIDIA compute capability 9.0 and later)?  Not under the interpreter, and
     not on ROCm, whose torch reports a gfx number as the capability."""
-    return t.is_cuda and not _INTERPRET and torch.version.hip is None and _pdl_device(t.get_device())
+    return t.is_cuda and not INTERPRET and torch.version.hip is None and _pdl_device(t.get_device())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def _programmatic(t: torch.Tensor) -> bool:
 # A launch handler: (kernel, grid, args, kwargs) -> None.
 _LaunchHandler = Callable[[Any, tuple, tuple, dict], None]
 
-# The compile-only scope of this thread or asyncio task (policy_runtime/warmup.py): its handler
+# The compile-only scope of this thread or asyncio task (policy_runtime/warmup/): its handler
 # gets each launch instead of the GPU.  Threads started inside a scope launch as usual.
 _COMPILE_ONLY: ContextVar[Optional[_LaunchHandler]] = ContextVar("policy_runtime_compile_only", default=None)
 # Scopes open in the process: until one opens, a launch reads no context variable.
@@ -112,10 +113,10 @@ _SCOPES = 0
 _SCOPES_LOCK = threading.Lock()
 
 
-def _launch_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+def launch_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     """``kernel[grid](*args, **kwargs)``; inside a compile-only scope, the scope's handler gets
     the launch instead (warm-up compiles it without running it).  Every launch site of the
-    kernel modules goes through here, or through ``_run``."""
+    kernel modules goes through here, or through ``run_plan``."""
     if _SCOPES:
         handler = _COMPILE_ONLY.get()
         if handler is not None:
@@ -125,7 +126,7 @@ def _launch_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
 
 
 @contextlib.contextmanager
-def _compile_only(handler: _LaunchHandler) -> Iterator[None]:
+def compile_only(handler: _LaunchHandler) -> Iterator[None]:
     """A scope in which this thread's (or task's) launches go to ``handler``, not to the GPU:
     the host side of each call runs (checks, plans, workspaces, outputs allocated), the kernels
     do not, and outputs are left as they were."""
@@ -141,7 +142,7 @@ def _compile_only(handler: _LaunchHandler) -> Iterator[None]:
             _SCOPES -= 1
 
 
-def _compiling() -> bool:
+def compiling() -> bool:
     """Is this thread (or task) in a compile-only scope?  Paths that run no Triton kernel (a
     vendor kernel, PyTorch) skip their work there."""
     return bool(_SCOPES) and _COMPILE_ONLY.get() is not None
@@ -151,19 +152,19 @@ def _compiling() -> bool:
 # Launch plans
 
 
-def _pow2ceil(n: int) -> int:
+def pow2ceil(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def _pow2floor(n: int) -> int:
+def pow2floor(n: int) -> int:
     return 1 if n <= 1 else 1 << (n.bit_length() - 1)
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class _Plan:
+class LaunchPlan:
     """How to launch one call signature: grid-bound kernel, constexpr values, num_warps."""
 
     __slots__ = ("kernel", "grid", "launch", "consts", "num_warps", "info")
@@ -179,21 +180,21 @@ class _Plan:
         self.info = info  # runtime arguments that follow from the plan (block counts)
 
 
-def _remember(plans: dict, key: tuple, plan: _Plan) -> _Plan:
+def remember(plans: dict, key: tuple, plan: LaunchPlan) -> LaunchPlan:
     if len(plans) >= _PLAN_CACHE_LIMIT:
         plans.clear()
     plans[key] = plan
     return plan
 
 
-def _run(plan: _Plan, dev: int, args: tuple) -> None:
+def run_plan(plan: LaunchPlan, dev: int, args: tuple) -> None:
     """Launch on the tensors' device (a device guard only when it is not the current one)."""
-    if _FIRST_LAUNCH:
-        _ready_triton()
-    # The plan's bound launch, or in a compile-only scope _launch_kernel with its kernel and grid.
+    if FIRST_LAUNCH:
+        ready_triton()
+    # The plan's bound launch, or in a compile-only scope launch_kernel with its kernel and grid.
     launch = plan.launch
     if _SCOPES and _COMPILE_ONLY.get() is not None:
-        launch = functools.partial(_launch_kernel, plan.kernel, (plan.grid,))
+        launch = functools.partial(launch_kernel, plan.kernel, (plan.grid,))
     if dev >= 0 and dev != torch.cuda.current_device():
         with torch.cuda.device(dev):
             launch(*args, *plan.consts, num_warps=plan.num_warps)
@@ -201,7 +202,7 @@ def _run(plan: _Plan, dev: int, args: tuple) -> None:
         launch(*args, *plan.consts, num_warps=plan.num_warps)
 
 
-def _fit_warps(elems: int, vec: int, cfg: Any, grow: bool = False) -> int:
+def fit_warps(elems: int, vec: int, cfg: Any, grow: bool = False) -> int:
     """The record's num_warps, halved until each thread has at least one ``vec`` vector; with
     ``grow``, first doubled (up to max_warps) while a thread would hold more than
     _MAX_ITEMS_PER_THREAD elements."""
@@ -218,19 +219,19 @@ def _fit_warps(elems: int, vec: int, cfg: Any, grow: bool = False) -> int:
 # Validation
 
 
-def _check_float(op: str, name: str, t: torch.Tensor) -> None:
-    if t.dtype not in _FLOAT_DTYPES:
+def check_float(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
 
 
-def _check_runnable(op: str, name: str, t: torch.Tensor) -> None:
-    if not _INTERPRET and not t.is_cuda:
+def check_runnable(op: str, name: str, t: torch.Tensor) -> None:
+    if not INTERPRET and not t.is_cuda:
         raise ValueError(
             f"{op}: {name} must be a CUDA tensor (got device {t.device}); " "set TRITON_INTERPRET=1 to run on the CPU"
         )
 
 
-def _check_device(op: str, name: str, t: torch.Tensor, dev: int, first: str) -> None:
+def check_device(op: str, name: str, t: torch.Tensor, dev: int, first: str) -> None:
     if t.get_device() != dev:
         raise ValueError(f"{op}: {name} is on {t.device}, expected the device of {first}")
 
@@ -239,7 +240,7 @@ def _check_device(op: str, name: str, t: torch.Tensor, dev: int, first: str) -> 
 # Launch records
 
 
-def _launch_tables(owner: str, kernels: tuple[str, ...], launch: Any) -> dict[str, dict[str, Any]]:
+def launch_tables(owner: str, kernels: tuple[str, ...], launch: Any) -> dict[str, dict[str, Any]]:
     """``launch`` (kernel name -> target name -> launch record) as plain dicts, checked to name
     exactly ``kernels``: a generated module that lacks a table fails at import, not at a call."""
     missing = [k for k in kernels if k not in launch]

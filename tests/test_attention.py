@@ -29,8 +29,8 @@ from kernel_cases import (
     TARGETS,
     seeded,  # noqa: F401  (autouse fixture: a fixed seed per test)
 )
-from policy_runtime import attention as rt
-from policy_runtime.attention import DecodeKernel, PrefillKernel
+from policy_runtime.attention import ops as rt
+from policy_runtime.attention.ops import DecodeKernel, PrefillKernel
 
 # Argument values that live in device memory (lengths, offsets, block ids) are checked only for CPU
 # tensors: reading them from a GPU would synchronise every call (vLLM does not check them either).
@@ -566,7 +566,7 @@ def test_each_kernel_bakes_in_the_constants_of_its_record():
             (call,) = [
                 n
                 for n in ast.walk(node)
-                if isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("_prefill", "_decode")
+                if isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("prefill_body", "decode_body")
             ]
             bodies[node.name] = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
     assert sorted(bodies) == sorted(at.KERNELS)
@@ -778,7 +778,7 @@ def test_decode_out_errors_and_an_empty_batch():
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
     from policy_runtime import launch
 
-    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     with pytest.raises(ValueError, match="query must be a CUDA tensor"):
         at.decode_attention(**decode_args(), hw="h200")
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):

@@ -25,7 +25,7 @@ import torch
 
 from generated import attention as at
 from kernel_cases import DEVICE, GPU, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
-from policy_runtime import attention as rt
+from policy_runtime.attention import ops as rt
 
 ATT = at._ATTENTION
 TARGET = "h200"
@@ -304,7 +304,7 @@ def test_decode_reads_only_the_windows_tokens():
 
 def launches(monkeypatch, fn):
     got = []
-    monkeypatch.setattr(rt._launch, "_launch_kernel", lambda kernel, grid, *a, **kw: got.append((kernel, a, kw)))
+    monkeypatch.setattr(rt._launch, "launch_kernel", lambda kernel, grid, *a, **kw: got.append((kernel, a, kw)))
     fn()
     return got
 
@@ -406,7 +406,7 @@ def test_each_models_dispatch_record_carries_exactly_the_features_it_uses():
 def test_warm_up_compiles_the_specializations_each_models_features_select():
     """A windowed model warms its global layers' kernels and its local layers' windowed ones; a
     model without features only the plain ones (every flag off)."""
-    from policy_runtime import warmup as W
+    from policy_runtime.warmup import engine as W
 
     plan = W.plan(["generated.attention"], TARGET, dtypes=["float16"])
     seen: dict[str, set] = {}

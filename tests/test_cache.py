@@ -22,7 +22,7 @@ from bench.reference_ops import (  # noqa: E402
     swap_blocks_ref,
 )
 from generated.dispatch import dispatch_kernel_config  # noqa: E402
-from policy_runtime import cache as runtime  # noqa: E402
+from policy_runtime.cache import ops as runtime  # noqa: E402
 from policy_runtime import launch  # noqa: E402
 from kernel_cases import (  # noqa: E402
     DEVICE,
@@ -139,13 +139,13 @@ def test_reshape_and_cache(target, case, dtype):
 def test_reshape_and_cache_plan_follows_the_record():
     """Hand-computed: a tile is tile_bytes of loads (key and value), then shrunk to fill a wave."""
     h200 = dispatch_kernel_config("reshape_and_cache", "h200")  # 4 KiB: 1024 bf16 of key + 1024 of value
-    p = runtime._plan_reshape_and_cache(16384, 1024, 128, 2, h200)
+    p = runtime.plan_reshape_and_cache(16384, 1024, 128, 2, h200)
     assert (p.grid, p.consts, p.num_warps, p.info) == (16384, (128, 1, 1024, False), 4, 1)
     bi = dispatch_kernel_config("reshape_and_cache", "bi_v100")  # 16 KiB: 4 tokens of 1024
-    p = runtime._plan_reshape_and_cache(16384, 1024, 128, 2, bi)
+    p = runtime.plan_reshape_and_cache(16384, 1024, 128, 2, bi)
     assert (p.grid, p.consts, p.num_warps, p.info) == (4096, (128, 4, 1024, False), 8, 1)
     # 16 tokens: halved while the grid is short of a wave, down to one vector a thread.
-    p = runtime._plan_reshape_and_cache(16, 1024, 128, 2, bi)
+    p = runtime.plan_reshape_and_cache(16, 1024, 128, 2, bi)
     assert (p.grid, p.consts, p.num_warps) == (8, (128, 2, 1024, False), 8)
 
 
@@ -181,7 +181,7 @@ def test_reshape_and_cache_errors():
 
 
 def test_cpu_tensor_rejected_when_compiled(monkeypatch):
-    monkeypatch.setattr(launch, "_INTERPRET", False)  # the check lives in the shared launch module
+    monkeypatch.setattr(launch, "INTERPRET", False)  # the check lives in the shared launch module
     k = torch.ones(2, 2, 8)
     c = torch.ones(3, 4, 2, 8)
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
@@ -255,15 +255,15 @@ def test_copy_blocks_new_caches_same_shape():
 
 def test_copy_blocks_plan_follows_the_record():
     h200 = dispatch_kernel_config("copy_blocks", "h200")  # 4 KiB chunks: 2048 bf16
-    p = runtime._plan_copy_blocks(1024, 64, 16 * 8 * 128, 8, 2, h200)
+    p = runtime.plan_copy_blocks(1024, 64, 16 * 8 * 128, 8, 2, h200)
     assert (p.grid, p.consts, p.num_warps, p.info) == (1024 * 64 * 8, (8, 2048), 8, 8)
     bi = dispatch_kernel_config("copy_blocks", "bi_v100")  # 16 KiB: one chunk of 8192 a 16 KiB block
-    p = runtime._plan_copy_blocks(4, 64, 16 * 4 * 128, 1, 2, bi)
+    p = runtime.plan_copy_blocks(4, 64, 16 * 4 * 128, 1, 2, bi)
     assert (p.grid, p.consts, p.info) == (256, (1, 8192), 1)
     # One pair, two caches: halved to fill a wave, but never below one vector a thread.
-    p = runtime._plan_copy_blocks(1, 2, 16 * 4 * 128, 8, 2, bi)
+    p = runtime.plan_copy_blocks(1, 2, 16 * 4 * 128, 8, 2, bi)
     assert (p.grid, p.consts, p.info) == (8, (8, 2048), 4)
-    p = runtime._plan_copy_blocks(1, 2, 16 * 8 * 128, 8, 2, h200)
+    p = runtime.plan_copy_blocks(1, 2, 16 * 8 * 128, 8, 2, h200)
     assert (p.grid, p.consts, p.info) == (16, (8, 2048), 8)
 
 

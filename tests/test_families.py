@@ -228,14 +228,16 @@ def test_a_module_spec_may_not_take_a_name_its_import_cannot_reach(tmp_path, nam
 
 
 def test_the_shipped_families_declare_every_record_field_their_context_files_read():
-    """A context file that reads a record field its module spec does not declare would fail with a
-    KeyError in the middle of a build when a spec tree lacks that field, not with a spec error
-    (exit 2, the file and the field) before anything is rendered."""
+    """matmul's, moe's and scaled_mm's context files make every field of their config's records
+    (``[<config>.fields]``, the one list) a kernel constant: their module specs must declare them
+    all, else a spec tree lacking one would fail with a KeyError in the middle of a build, not with
+    a spec error (exit 2, the file and the field) before anything is rendered."""
     import tomllib
 
-    from templates import matmul_context, moe_context
-
-    for family, context in (("matmul", matmul_context), ("moe", moe_context)):
+    for family, config in (("matmul", "matmul"), ("moe", "moe_launch"), ("scaled_mm", "scaled_mm")):
         spec = tomllib.loads((REPO / "specs" / "modules" / f"{family}.toml").read_text())
-        declared = {field for read in spec["reads"].values() for field in read.get("fields", ())}
-        assert set(context.KERNEL_FIELDS) <= declared, (family, set(context.KERNEL_FIELDS) - declared)
+        fields = tomllib.loads((REPO / "specs" / "kernels" / f"{family}.toml").read_text())[config]["fields"]
+        declared = set(spec["reads"][config]["fields"])
+        assert set(fields) <= declared, (family, set(fields) - declared)
+        context = (REPO / "templates" / family / "context.py").read_text()
+        assert f'ctx["configs"]["{config}"]' in context and "KERNEL_FIELDS" not in context, family

@@ -14,7 +14,7 @@ import torch
 from generated import attention as at
 from generated import dispatch as D
 from kernel_cases import DEVICE, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
-from policy_runtime import attention as rt
+from policy_runtime.attention import ops as rt
 from test_attention_features import attend_ref, i32, rnd
 
 ATT = at._ATTENTION
@@ -80,7 +80,7 @@ def test_a_call_whose_features_no_model_uses_still_runs(monkeypatch):
     """ALiBi and a soft-cap at head_dim 48: no model's record has them (the 64 tile's model uses
     a window and sinks); the call runs the tile's records, its specialization compiled there."""
     launched = []
-    monkeypatch.setattr(rt._launch, "_launch_kernel", _recording(rt._launch._launch_kernel, launched))
+    monkeypatch.setattr(rt._launch, "launch_kernel", _recording(rt._launch.launch_kernel, launched))
     n, H, Hkv, D_ = 19, 4, 2, 48
     q, k, v = rnd(n, H, D_), rnd(n, Hkv, D_), rnd(n, Hkv, D_)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
@@ -115,7 +115,7 @@ def test_warm_up_compiles_the_specializations_the_records_enable(monkeypatch):
     """gemma2's record (window and soft-cap) warms its global layers' soft-capped kernels and its
     local layers' windowed ones; llama's (none) the plain ones only; a record that says ALiBi
     (llama's, replaced here) warms ALiBi's: warm-up reads the record, not a list of its own."""
-    from policy_runtime import warmup as W
+    from policy_runtime.warmup import engine as W
 
     def plan():
         models = ["gemma2_9b", "llama31_8b"]

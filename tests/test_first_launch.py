@@ -38,8 +38,8 @@ class FakeDriver:
 @pytest.fixture
 def compiled_process(monkeypatch):
     """A process that has launched no compiled kernel yet: the flag up, the interpreter off."""
-    monkeypatch.setattr(launch, "_INTERPRET", False)
-    monkeypatch.setattr(launch, "_FIRST_LAUNCH", True)
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "FIRST_LAUNCH", True)
 
     def install(driver_step, key_step):
         monkeypatch.setattr(triton.runtime.driver, "_active", FakeDriver(driver_step))
@@ -65,11 +65,11 @@ def test_driver_and_cache_key_overlap(compiled_process):
         seen["key thread"] = threading.current_thread()
 
     compiled_process(driver_step, key_step)
-    launch._ready_triton()
+    launch.ready_triton()
     assert seen["driver saw key"] and seen["key saw driver"]
     assert seen["driver thread"] is threading.main_thread()
     assert seen["key thread"] is not threading.main_thread()
-    assert launch._FIRST_LAUNCH is False
+    assert launch.FIRST_LAUNCH is False
     # The key's thread has finished when the setup returns: the launch finds the key computed.
     assert not any(t.name == "triton_key" for t in threading.enumerate())
 
@@ -85,17 +85,17 @@ def test_failures_are_left_to_the_launch(compiled_process):
         return step
 
     compiled_process(fail("driver"), fail("key"))
-    launch._ready_triton()  # raises nothing: Triton raises its own error at the launch
+    launch.ready_triton()  # raises nothing: Triton raises its own error at the launch
     assert sorted(calls) == ["driver", "key"]
-    assert launch._FIRST_LAUNCH is False
+    assert launch.FIRST_LAUNCH is False
 
 
 def test_interpreter_does_no_setup(compiled_process, monkeypatch):
     calls = []
     compiled_process(lambda: calls.append("driver"), lambda: calls.append("key"))
-    monkeypatch.setattr(launch, "_INTERPRET", True)
-    launch._ready_triton()
-    assert calls == [] and launch._FIRST_LAUNCH is False
+    monkeypatch.setattr(launch, "INTERPRET", True)
+    launch.ready_triton()
+    assert calls == [] and launch.FIRST_LAUNCH is False
 
 
 class CountingSetup:
@@ -104,13 +104,13 @@ class CountingSetup:
 
     def __call__(self):
         self.calls += 1
-        launch._FIRST_LAUNCH = False
+        launch.FIRST_LAUNCH = False
 
 
 def test_memory_bound_launch_path_sets_up_once(monkeypatch):
     setup = CountingSetup()
-    monkeypatch.setattr(launch, "_ready_triton", setup)
-    monkeypatch.setattr(launch, "_FIRST_LAUNCH", True)
+    monkeypatch.setattr(launch, "ready_triton", setup)
+    monkeypatch.setattr(launch, "FIRST_LAUNCH", True)
     launched = []
 
     class Plan:
@@ -122,15 +122,15 @@ def test_memory_bound_launch_path_sets_up_once(monkeypatch):
             launched.append(setup.calls)
 
     for _ in range(3):
-        launch._run(Plan, -1, ())
+        launch.run_plan(Plan, -1, ())
     assert setup.calls == 1 and launched == [1, 1, 1]  # before the first launch, then never
 
 
 def test_every_memory_bound_kernel_sets_up_through_the_launch_path(monkeypatch):
     """Each public function of generated/transform.py and generated/cache.py launches through
-    launch._run: in a fresh process, its first call sets up once and its second does not."""
+    launch.run_plan: in a fresh process, its first call sets up once and its second does not."""
     setup = CountingSetup()
-    monkeypatch.setattr(launch, "_ready_triton", setup)
+    monkeypatch.setattr(launch, "ready_triton", setup)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     x = torch.randn(3, 64, device=dev)
     kv = torch.randn(3, 2, 8, device=dev)  # [tokens, kv_heads, head_size]
@@ -152,7 +152,7 @@ def test_every_memory_bound_kernel_sets_up_through_the_launch_path(monkeypatch):
         "copy_blocks": lambda: cache_ops.copy_blocks([kc], [vc], torch.tensor([[0, 1]], device=dev), hw="h200"),
     }
     for name, call in calls.items():
-        monkeypatch.setattr(launch, "_FIRST_LAUNCH", True)
+        monkeypatch.setattr(launch, "FIRST_LAUNCH", True)
         before = setup.calls
         call()
         call()
@@ -161,8 +161,8 @@ def test_every_memory_bound_kernel_sets_up_through_the_launch_path(monkeypatch):
 
 def test_matmul_launch_path_sets_up_once(monkeypatch):
     setup = CountingSetup()
-    monkeypatch.setattr(launch, "_ready_triton", setup)
-    monkeypatch.setattr(launch, "_FIRST_LAUNCH", True)
+    monkeypatch.setattr(launch, "ready_triton", setup)
+    monkeypatch.setattr(launch, "FIRST_LAUNCH", True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     a = torch.randn(5, 24, dtype=torch.float32, device=device)
     b = torch.randn(24, 7, dtype=torch.float32, device=device)

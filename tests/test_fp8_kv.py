@@ -26,7 +26,7 @@ from kernel_cases import (
     GPU,
     seeded,  # noqa: F401  (autouse fixture: a fixed seed per test)
 )
-from policy_runtime.attention import PrefillKernel
+from policy_runtime.attention.ops import PrefillKernel
 
 ATT = at._ATTENTION
 FP8 = torch.float8_e4m3fn

@@ -1,6 +1,6 @@
 """generated/matmul.py: every specialized kernel on ragged shapes, bucket selection, errors.
 
-The kernel bodies and the host side (launchers, workspaces, checks) are policy_runtime/matmul.py's:
+The kernel bodies and the host side (launchers, workspaces, checks) are policy_runtime/matmul/ops.py's:
 tests of internals read and patch them there (``rt``).
 
 On a machine without a GPU these run in Triton's interpreter (tests/conftest.py sets
@@ -19,7 +19,7 @@ import triton
 from generated import matmul as mm
 from generated.dispatch import HARDWARE
 from policy_runtime import launch
-from policy_runtime import matmul as rt  # the kernel bodies and host side mm delegates to
+from policy_runtime.matmul import ops as rt  # the kernel bodies and host side mm delegates to
 
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 1e-2}
 GPU = torch.cuda.is_available()
@@ -119,7 +119,7 @@ def test_each_record_holds_the_constants_its_kernel_bakes_in():
     same values."""
     for name, v in mm.VARIANTS.items():
         tree = ast.parse(inspect.getsource(v.kernel.fn))
-        (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == f"_{v.kind}"]
+        (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == f"{v.kind}_body"]
         consts = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
         assert {c: consts[c] for c in RECORD_FIELD_OF if c in consts} == {
             c: getattr(v, f) for c, f in RECORD_FIELD_OF.items() if c in consts
@@ -262,7 +262,7 @@ def test_captured_split_k_launches_find_zero_counters(bucket, shapes, cpu_shape,
     (v,) = {mm.select(*shape, dtype=torch.float16, hw="h200").triton for shape in shapes}
     for M, N, K in shapes + [cpu_shape]:
         tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
-        assert rt._splits(v, tiles) > 1
+        assert rt.split_count(v, tiles) > 1
     assert {mm.select(*shape, hw="h200").name for shape in shapes} == {bucket}
     monkeypatch.setattr(rt, "_WORKSPACES", {})
     monkeypatch.setattr(rt, "_UNZEROED", set())
@@ -400,18 +400,18 @@ def test_split_k_only_fills_one_wave(name):
     SM count), and not at all once its tiles fill the wave; both launches are exact."""
     v = mm.VARIANTS[name]
     assert v.num_programs > 0
-    assert rt._splits(v, 1) == v.split_k
-    assert rt._splits(v, v.num_programs // v.split_k) == v.split_k
+    assert rt.split_count(v, 1) == v.split_k
+    assert rt.split_count(v, v.num_programs // v.split_k) == v.split_k
     if (v.num_programs, v.split_k) == (132, 2):  # the H100/H200 SM count: by hand
-        assert [rt._splits(v, t) for t in (1, 64, 66, 67, 131, 132, 500)] == [2, 2, 2, 1, 1, 1, 1]
-    assert rt._splits(v, v.num_programs) == 1
-    assert rt._splits(v, 10 * v.num_programs) == 1
+        assert [rt.split_count(v, t) for t in (1, 64, 66, 67, 131, 132, 500)] == [2, 2, 2, 1, 1, 1, 1]
+    assert rt.split_count(v, v.num_programs) == 1
+    assert rt.split_count(v, 10 * v.num_programs) == 1
     dtype = dtype_of(name)
     M, N, K = (7, 130, 300) if v.kind == "small_m" else (19, 130, 300)
     tiles = triton.cdiv(M, v.block_m) * triton.cdiv(N, v.block_n)
     for wave, splits in ((tiles, 1), (tiles * v.split_k, v.split_k)):
         w = dataclasses.replace(v, num_programs=wave)
-        assert rt._splits(w, tiles) == splits
+        assert rt.split_count(w, tiles) == splits
         rt._WORKSPACES.clear()
 
         def run(a, b, out):
@@ -458,9 +458,9 @@ def test_tma_kernel_splits_only_its_last_partial_wave(name, monkeypatch):
         # 128x256 tiles), 320 = 2 waves + 56 (5120x2048).
         cases = [(1, 4), (33, 4), (34, 3), (44, 3), (45, 2), (66, 2), (67, 1), (131, 1), (132, 1)]
         cases += [(133, 4), (166, 3), (264, 1), (320, 2), (1720, 4)]
-        assert [rt._splits(v, t) for t, _ in cases] == [s for _, s in cases]
-    assert rt._splits(v, P) == rt._splits(v, 7 * P) == 1  # only full waves: nothing split
-    assert rt._splits(v, P + 1) == rt._splits(v, 1) == v.split_k
+        assert [rt.split_count(v, t) for t, _ in cases] == [s for _, s in cases]
+    assert rt.split_count(v, P) == rt.split_count(v, 7 * P) == 1  # only full waves: nothing split
+    assert rt.split_count(v, P + 1) == rt.split_count(v, 1) == v.split_k
     # One full wave plus one tile, split split_k ways over K tiles that do not divide evenly.
     dtype = dtype_of(name)
     M, N, K = 100, P * v.block_n + 8, v.split_k * v.block_k + 8
@@ -553,7 +553,7 @@ def test_a_write_to_out_bumps_its_version():
 def test_offsets_past_32_bits_go_to_torch_matmul_or_raise(monkeypatch):
     """A 70x64 view with row stride 2**25 (a column slice of a 4.3 GiB tensor) has 4,480 elements
     but offsets past 2**31: the kernels' 32-bit index arithmetic would wrap.  Meta tensors: no memory."""
-    monkeypatch.setattr(launch, "_INTERPRET", True)  # past the CUDA check, to the offset check
+    monkeypatch.setattr(launch, "INTERPRET", True)  # past the CUDA check, to the offset check
     big = torch.empty(2**25 * 69 + 64, dtype=torch.float16, device="meta")
     a = big.as_strided((70, 64), (2**25, 1))
     b = torch.empty(64, 32, dtype=torch.float16, device="meta")
@@ -563,17 +563,17 @@ def test_offsets_past_32_bits_go_to_torch_matmul_or_raise(monkeypatch):
         mm.matmul_triton(a, b, hw="bi_v100")
     assert mm.matmul(a, b, hw="bi_v100").shape == (70, 32)  # torch.matmul
     small = torch.empty(2**24 * 69 + 64, dtype=torch.float16, device="meta").as_strided((70, 64), (2**24, 1))
-    assert rt._unservable(small, b, None, 70, 32, 64) is None  # 1,157,627,967 fits
+    assert rt.unservable(small, b, None, 70, 32, 64) is None  # 1,157,627,967 fits
     # The result the launcher allocates counts too: 46,341 x 46,341 reaches 2,147,488,280.
     a, b = (torch.empty(shape, dtype=torch.float16, device="meta") for shape in ((46341, 16), (16, 46341)))
     with pytest.raises(ValueError, match=r"the result \(46341, 46341\) reaches element offset 2,147,488,280"):
         mm.matmul_triton(a, b, hw="bi_v100")
-    assert rt._unservable(a[:46340], b[:, :46340], None, 46340, 46340, 16) is None
+    assert rt.unservable(a[:46340], b[:, :46340], None, 46340, 46340, 16) is None
 
 
 def test_cpu_tensors_without_the_interpreter(monkeypatch):
     """Compiled kernels need CUDA tensors: matmul falls back to torch.matmul, matmul_triton says so."""
-    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     a, b = torch.randn(33, 20), torch.randn(20, 70)
     torch.testing.assert_close(mm.matmul(a, b, hw="bi_v100"), a @ b)
     with pytest.raises(ValueError, match=r"need CUDA tensors \(got cpu; TRITON_INTERPRET=1"):

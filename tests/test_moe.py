@@ -2,7 +2,7 @@
 float64 per-expert reference; moe_align_block_size and topk_softmax against plain references;
 bucket selection; argument errors.
 
-The kernel bodies and the host side are policy_runtime/moe.py's (``rt``).  Without a GPU the
+The kernel bodies and the host side are policy_runtime/moe/ops.py's (``rt``).  Without a GPU the
 kernels run in Triton's interpreter (tests/conftest.py), in fp16 and fp32 (its bf16 arithmetic is
 wrong); on a GPU every 16-bit case runs in bf16 too.  Sizes are small (H 64, I 48, E 8-16) so the
 interpreter runs the file in well under a minute; T is ragged (1 to 300) and never a multiple of
@@ -21,7 +21,7 @@ import torch
 from generated import moe as M
 from generated.dispatch import HARDWARE, dispatch_kernel_config
 from kernel_cases import DEVICE, GPU, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
-from policy_runtime import moe as rt
+from policy_runtime.moe import ops as rt
 
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 2e-2}
 H, I = 64, 48  # hidden, expert intermediate: ragged against every tile
@@ -136,7 +136,7 @@ RECORD_FIELD_OF = {
 def test_each_record_holds_the_constants_its_kernels_bake_in():
     for name, v in M.VARIANTS.items():
         for part, kernel in (("up", v.up), ("down", v.down)):
-            body = f"_{v.kind}_{part}"
+            body = f"{v.kind}_{part}_body"
             tree = ast.parse(inspect.getsource(kernel.fn))
             (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == body]
             # Baked-in constants (literals); PDL and KB are passed through from the launch.
@@ -179,7 +179,7 @@ def test_a_new_T_in_a_compiled_bucket_compiles_nothing():
         bucket = M.select(T_first, I, dtype=torch.bfloat16, hw="h200")
         assert M.select(T_next, I, dtype=torch.bfloat16, hw="h200") is bucket
         M.fused_moe(*layer(T_first, 8, 16, torch.bfloat16), hw="h200")
-        kernels = [bucket.variant.up, bucket.variant.down, rt._align_count, rt._align_scatter, rt._sum_rows]
+        kernels = [bucket.variant.up, bucket.variant.down, rt._align_count, rt._align_scatter, rt.sum_rows]
         before = [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
         M.fused_moe(*layer(T_next, 8, 16, torch.bfloat16), hw="h200")
         assert [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels] == before, bucket.name
@@ -197,7 +197,7 @@ def _launches(T, hw, dtype=torch.float16):
     seen = []
     inputs = layer(T, 4, 8, dtype, ids=torch.randint(0, 8, (T, 4), dtype=torch.int32))
     logits = torch.randn(T, 8, device=DEVICE)
-    with launch._compile_only(lambda kernel, grid, args, kwargs: seen.append((kernel, kwargs))):
+    with launch.compile_only(lambda kernel, grid, args, kwargs: seen.append((kernel, kwargs))):
         M.topk_softmax(logits, 4, True)
         M.fused_moe(*inputs, hw=hw)
     return [(k.__name__, kw.get("PDL", kw.get("TRIGGER")), kw.get("launch_pdl", False)) for k, kw in seen]
@@ -213,34 +213,34 @@ def test_chained_buckets_launch_dependently_only_where_the_device_can(monkeypatc
     v = M.select(1, I, dtype=torch.float16, hw="h200").variant
     assert v.kind == "simt" and v.chained
     up, down = v.up.__name__, v.down.__name__
-    monkeypatch.setattr(launch, "_programmatic", lambda t: False)
+    monkeypatch.setattr(launch, "programmatic", lambda t: False)
     assert _launches(1, "h200") == [("_topk_softmax_kernel", False, False), (up, False, False), (down, False, False)]
-    monkeypatch.setattr(launch, "_programmatic", lambda t: True)
+    monkeypatch.setattr(launch, "programmatic", lambda t: True)
     assert _launches(1, "h200") == [("_topk_softmax_kernel", True, False), (up, True, True), (down, True, True)]
     assert all(not pdl for name, _, pdl in _launches(1, "bi_v100"))
 
 
 def test_programmatic_launch_is_asked_only_of_nvidia_devices_from_9_0(monkeypatch):
-    """launch._programmatic: a CPU tensor never; a device tensor where the device says 9.0 or later,
+    """launch.programmatic: a CPU tensor never; a device tensor where the device says 9.0 or later,
     not under the interpreter, and not on ROCm (whose torch reports a gfx number as the capability)."""
     from types import SimpleNamespace
 
     from policy_runtime import launch
 
-    assert not launch._programmatic(torch.zeros(1))
+    assert not launch.programmatic(torch.zeros(1))
     device = SimpleNamespace(is_cuda=True, get_device=lambda: 0)
-    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     monkeypatch.setattr(torch.version, "hip", None)
     try:
         for capability, expected in (((8, 9), False), ((9, 0), True), ((12, 1), True)):
             monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
             launch._pdl_device.cache_clear()
-            assert launch._programmatic(device) is expected, capability
+            assert launch.programmatic(device) is expected, capability
         monkeypatch.setattr(torch.version, "hip", "6.4")
-        assert not launch._programmatic(device)
+        assert not launch.programmatic(device)
         monkeypatch.setattr(torch.version, "hip", None)
-        monkeypatch.setattr(launch, "_INTERPRET", True)
-        assert not launch._programmatic(device)
+        monkeypatch.setattr(launch, "INTERPRET", True)
+        assert not launch.programmatic(device)
     finally:
         launch._pdl_device.cache_clear()  # the real device's answer, asked again on its next use
 
@@ -486,10 +486,10 @@ def test_moe_align_block_size_on_vllm_docstring_example():
     + [(60, 8, torch.float16), (128, 8, torch.float16)],
     ids=["8-1-fp16", "8-1-fp32", "8-2-fp16", "8-2-fp32", "60-8-fp16", "128-8-fp16"],
 )
-# A token a program up to rt._TOPK_ONE_ROW_MAX_T tokens, tiles of several above.
+# A token a program up to rt.TOPK_ONE_ROW_MAX_T tokens, tiles of several above.
 @pytest.mark.parametrize("T", [9, 70])
 def test_topk_softmax_matches_torch(E, k, dtype, T):
-    assert (T <= rt._TOPK_ONE_ROW_MAX_T) == (T == 9)
+    assert (T <= rt.TOPK_ONE_ROW_MAX_T) == (T == 9)
     logits = torch.randn(T, E).to(dtype)
     probs = torch.softmax(logits.double(), dim=-1)
     # Largest first, the lowest expert first among equal probabilities (fp16 logits repeat).
@@ -560,7 +560,7 @@ def test_bad_fused_moe_calls_raise_value_error_naming_the_argument(name, spoil):
 @pytest.mark.skipif(GPU, reason="on a GPU machine CPU tensors are not the point")
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
     args = _good()
-    monkeypatch.setattr(rt._launch, "_INTERPRET", False)
+    monkeypatch.setattr(rt._launch, "INTERPRET", False)
     with pytest.raises(ValueError, match="hidden_states must be a CUDA tensor"):
         M.fused_moe(**args, hw="h200")
 

@@ -32,7 +32,7 @@ from generated import moe as M
 from generated import scaled_mm as smm
 from generated.dispatch import HARDWARE
 from kernel_cases import DEVICE, GPU, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
-from policy_runtime import moe_fp8 as rt
+from policy_runtime.moe import fp8 as rt
 
 FP8 = torch.float8_e4m3fn
 BLOCK = [128, 128]
@@ -318,7 +318,7 @@ def test_each_record_holds_the_constants_its_kernels_bake_in():
             (call,) = [
                 n
                 for n in ast.walk(tree)
-                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == f"_fp8_{v.kind}_{part}"
+                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == f"fp8_{v.kind}_{part}_body"
             ]
             consts = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if isinstance(kw.value, ast.Constant)}
             known = {**fields, **tile[part]}

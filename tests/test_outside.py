@@ -68,9 +68,9 @@ def test_warmup_planning_without_a_gpu_says_what_it_needs_in_one_line(monkeypatc
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     import policy_runtime.launch as launch
-    import policy_runtime.warmup as W
+    from policy_runtime.warmup import cli as W
 
-    monkeypatch.setattr(launch, "_INTERPRET", False)  # as without TRITON_INTERPRET=1
+    monkeypatch.setattr(launch, "INTERPRET", False)  # as without TRITON_INTERPRET=1
     assert W.main(["--hw", "h200", "--plan"]) == 2
     out, err = capsys.readouterr()
     assert out == ""

@@ -29,7 +29,7 @@ import torch
 from conftest import run_cli, snapshot
 from generated import scaled_mm as smm
 from generated.dispatch import HARDWARE
-from policy_runtime import scaled_mm as rt
+from policy_runtime.scaled_mm import ops as rt
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -303,7 +303,7 @@ def test_requires_names_a_feature(project):
 
 
 def test_warmup_plans_every_bucket_scaling_and_layout():
-    from policy_runtime import warmup as W
+    from policy_runtime.warmup import engine as W
 
     plan = W.plan(["generated.scaled_mm"], "h200", dtypes=["float16"])
     assert not plan.failed, plan.failed
@@ -363,7 +363,7 @@ def test_the_tune_harness_launches_what_the_generated_wrappers_do():
     import inspect
     import textwrap
 
-    from policy_runtime import scaled_mm_tune
+    from policy_runtime.scaled_mm import tune as scaled_mm_tune
 
     for name, v in smm.VARIANTS.items():
         (func,) = ast.parse(textwrap.dedent(inspect.getsource(v.kernel.fn))).body
@@ -379,7 +379,7 @@ def test_the_tune_harness_launches_what_the_generated_wrappers_do():
 
 @pytest.mark.parametrize("scaling", ["rowwise", "block"])
 def test_the_tune_harness_runs_records_correctly(scaling):
-    from policy_runtime import scaled_mm_tune
+    from policy_runtime.scaled_mm import tune as scaled_mm_tune
 
     problem = scaled_mm_tune.HARNESS.problem({"m": 40, "n": 256, "k": 256}, torch.float16, DEVICE, {"scaling": scaling})
     record = dict(block_m=32, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=2)

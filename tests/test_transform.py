@@ -21,7 +21,7 @@ from bench.reference_ops import (  # noqa: E402
 )
 from generated.dispatch import HARDWARE, dispatch_kernel_config  # noqa: E402
 from policy_runtime import launch  # noqa: E402
-from policy_runtime import transform as runtime  # noqa: E402
+from policy_runtime.transform import ops as runtime  # noqa: E402
 from kernel_cases import (  # noqa: E402
     BROAD,
     DEVICE,
@@ -106,7 +106,7 @@ def test_kernels_launch_with_the_tables_they_are_given():
     # 16 KiB tiles and 64-program waves pack 4 rows a program; the H200's record would pack 1.
     plan = kernels._rms_plans[key]
     assert (plan.grid, plan.consts[:3]) == (64, (False, 4, 512))
-    assert runtime._plan_rms_norm(256, 512, 2, False, dispatch_kernel_config("rms_norm", "h200")).consts[1] == 1
+    assert runtime.plan_rms_norm(256, 512, 2, False, dispatch_kernel_config("rms_norm", "h200")).consts[1] == 1
 
 
 def test_kernels_need_exactly_their_tables():
@@ -174,7 +174,7 @@ def test_rms_norm_two_pass_on_strided_rows(dtype, n):
     x = rnd(3, n + 96, dtype=dtype)[:, 32 : 32 + n]
     r = rnd(3, n + 8, dtype=dtype)[:, :n]
     w = rnd(n, dtype=dtype)
-    plan = runtime._plan_rms_norm(3, n, x.element_size(), True, dispatch_kernel_config("rms_norm", "h200"))
+    plan = runtime.plan_rms_norm(3, n, x.element_size(), True, dispatch_kernel_config("rms_norm", "h200"))
     assert plan.kernel is runtime._rms_norm_loop_kernel and plan.consts[4] == (n if n <= 16384 else 0)
     out, z = T.rms_norm(x, w, 1e-6, residual=r, hw="h200")
     ref_out, ref_z = fused_add_rms_norm_ref(x, r, w, 1e-6)
@@ -210,30 +210,30 @@ def test_rms_norm_plan_follows_the_record():
     assert (cfg.tile_bytes, cfg.num_warps, cfg.min_programs) == (8192, 8, 1056)
     # bf16 4096: an 8 KiB row fills the tile: the two-pass kernel, one 4096-element chunk,
     # 8 warps so that each thread moves two 16-byte vectors; the row length is compiled in.
-    p = runtime._plan_rms_norm(16384, 4096, 2, False, cfg)
+    p = runtime.plan_rms_norm(16384, 4096, 2, False, cfg)
     two_pass = runtime._rms_norm_loop_kernel
     assert (p.kernel, p.grid, p.consts, p.num_warps) == (two_pass, 16384, (False, 1, 4096, False, 4096), 8)
     # bf16 8192: two 4096-element chunks, 16 warps (two vectors a thread over the row).
-    p = runtime._plan_rms_norm(16384, 8192, 2, False, cfg)
+    p = runtime.plan_rms_norm(16384, 8192, 2, False, cfg)
     assert (p.kernel, p.grid, p.consts, p.num_warps) == (two_pass, 16384, (False, 1, 4096, False, 8192), 16)
     # BI-V100's 16 KiB tiles: a bf16 8192 row is one chunk.
-    p = runtime._plan_rms_norm(64, 8192, 2, False, dispatch_kernel_config("rms_norm", "bi_v100"))
+    p = runtime.plan_rms_norm(64, 8192, 2, False, dispatch_kernel_config("rms_norm", "bi_v100"))
     assert (p.kernel, p.consts, p.num_warps) == (two_pass, (False, 1, 8192, False, 8192), 16)
     # Rows shorter than a tile stay in registers, packed; the weight is loaded early once a
     # thread holds >= 32 elements (BI-V100: 4 rows of 2048 = 8192 elements over 256 threads).
-    p = runtime._plan_rms_norm(4096, 2048, 2, False, dispatch_kernel_config("rms_norm", "bi_v100"))
+    p = runtime.plan_rms_norm(4096, 2048, 2, False, dispatch_kernel_config("rms_norm", "bi_v100"))
     assert (p.kernel, p.grid, p.consts, p.num_warps) == (runtime._rms_norm_kernel, 1024, (False, 4, 2048, True), 8)
     # small rows pack 8 KiB per program, then shrink until the grid fills a wave.
-    p = runtime._plan_rms_norm(64, 512, 2, False, cfg)
+    p = runtime.plan_rms_norm(64, 512, 2, False, cfg)
     assert p.consts[1] == 1 and p.grid == 64
     bi = dispatch_kernel_config("rms_norm", "bi_v100")  # 16 KiB tiles, 64 programs a wave
-    p = runtime._plan_rms_norm(4096, 512, 2, False, bi)
+    p = runtime.plan_rms_norm(4096, 512, 2, False, bi)
     assert p.consts[1] == 16 and p.grid == 256
     # fp32 16384: 2048-element (8 KiB) chunks; 16 warps give each thread one vector a chunk.
-    p = runtime._plan_rms_norm(1, 16384, 4, False, cfg)
+    p = runtime.plan_rms_norm(1, 16384, 4, False, cfg)
     assert (p.consts, p.num_warps) == ((False, 1, 2048, False, 16384), 16)
     # beyond 16384 elements: 8 KiB chunks, the row length stays a runtime value.
-    p = runtime._plan_rms_norm(3, 16400, 2, True, cfg)
+    p = runtime.plan_rms_norm(3, 16400, 2, True, cfg)
     assert (p.kernel, p.grid, p.consts) == (two_pass, 3, (True, 1, 4096, False, 0))
 
 
@@ -272,7 +272,7 @@ def test_hw_argument():
 
 
 def test_cpu_tensor_rejected_when_compiled(monkeypatch):
-    monkeypatch.setattr(launch, "_INTERPRET", False)  # the check lives in the shared launch module
+    monkeypatch.setattr(launch, "INTERPRET", False)  # the check lives in the shared launch module
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         T.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6, hw="h200")
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
@@ -304,10 +304,10 @@ def test_silu_and_mul_strided_rows():
 def test_silu_and_mul_plan_follows_the_record():
     """Hand-computed: a tile is tile_bytes of loads (two per output element)."""
     h200 = dispatch_kernel_config("silu_and_mul", "h200")  # 4 KiB tiles -> 1024 fp16 outputs
-    p = runtime._plan_silu_and_mul(16, 4096, 2, h200)
+    p = runtime.plan_silu_and_mul(16, 4096, 2, h200)
     assert (p.grid, p.consts, p.num_warps, p.info) == (64, (1, 1024), 4, 4)
     bi = dispatch_kernel_config("silu_and_mul", "bi_v100")  # 16 KiB tiles, halved once to fill 64 programs
-    p = runtime._plan_silu_and_mul(16, 4096, 2, bi)
+    p = runtime.plan_silu_and_mul(16, 4096, 2, bi)
     assert (p.grid, p.consts, p.num_warps, p.info) == (32, (1, 2048), 8, 2)
 
 
@@ -394,17 +394,17 @@ def test_rotary_strided_positions(which):
 def test_rotary_plan_follows_the_record():
     """Hand-computed: heads packed until a program loads tile_bytes, halved to fill a wave."""
     h200 = dispatch_kernel_config("rotary_embedding", "h200")  # 4 KiB: 16 heads of 128 bf16
-    p = runtime._plan_rotary_embedding(16384, 32, 8, 128, 128, True, 2, h200)
+    p = runtime.plan_rotary_embedding(16384, 32, 8, 128, 128, True, 2, h200)
     assert (p.grid, p.consts, p.info) == (16384 * 3, (128, 64, 64, 16, True), (2, 3))
     # One token: the tile cannot shrink below one 16-byte vector a thread (2048 elements).
-    p = runtime._plan_rotary_embedding(1, 32, 8, 128, 128, True, 2, h200)
+    p = runtime.plan_rotary_embedding(1, 32, 8, 128, 128, True, 2, h200)
     assert (p.grid, p.consts[3], p.info, p.num_warps) == (3, 16, (2, 3), 4)
     # Partial rotary (64 of 128): a tile still counts whole 128-element heads (16 heads), whose
     # 16 x 32-element halves need 2 warps for one 16-byte vector a thread.
-    p = runtime._plan_rotary_embedding(16384, 32, 8, 64, 128, True, 2, h200)
+    p = runtime.plan_rotary_embedding(16384, 32, 8, 64, 128, True, 2, h200)
     assert (p.grid, p.consts, p.info, p.num_warps) == (16384 * 3, (128, 32, 32, 16, True), (2, 3), 2)
     bi = dispatch_kernel_config("rotary_embedding", "bi_v100")  # 16 KiB: 64 heads, 32 q + 8 k -> 2 programs
-    p = runtime._plan_rotary_embedding(1, 32, 8, 128, 128, False, 2, bi)
+    p = runtime.plan_rotary_embedding(1, 32, 8, 128, 128, False, 2, bi)
     assert (p.grid, p.consts, p.info) == (2, (128, 64, 64, 32, False), (1, 2))
 
 

@@ -25,7 +25,9 @@ from codegen.tune.plan import plan
 from codegen.tune.results import ResultsError, ResultsFile
 
 MATMUL = "specs/kernels/matmul.toml"
-REAL = 'harness = "policy_runtime.matmul_tune:HARNESS"'
+# The spec names no harness (its family's, policy_runtime.matmul.FAMILY, runs): the fake takes the
+# comment's line, so every later line keeps its number.
+REAL = "# The harness: the matmul family's tune (policy_runtime/matmul/tune.py), found by the module's name."
 FAKE = 'harness = "tests.tune_fakes:HARNESS"'
 
 
@@ -412,7 +414,7 @@ def test_moe_launch_is_tuned_through_its_declaration_with_the_models_sizes():
 def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
     import torch
 
-    from policy_runtime.moe_tune import HARNESS
+    from policy_runtime.moe.tune import HARNESS
 
     params = dict(num_experts=8, hidden_size=64, top_k=2)
     gemv = dict(kernel="gemv", block_size_m=1, block_size_n=16, block_size_k=32, group_size_m=1)
@@ -484,7 +486,7 @@ def test_the_attention_harness_runs_decode_records_in_the_interpreter():
     import torch
 
     from generated.dispatch import dispatch_kernel_config
-    from policy_runtime.attention_tune import HARNESS
+    from policy_runtime.attention.tune import HARNESS
 
     params = dict(num_heads=4, num_kv_heads=2, head_dim=256, target="h200")
     problem = HARNESS.problem({"batch": 2, "context": 100}, torch.float16, "cpu", params)
@@ -515,9 +517,10 @@ def test_the_tune_harnesses_launch_the_body_and_constants_the_generated_wrappers
     # same constants as the wrapper (a TMA kernel's fallback too).
     import generated.matmul as GM
     import generated.moe as GE
-    from policy_runtime import matmul as mm_runtime
-    from policy_runtime import matmul_tune, moe_tune
-    from policy_runtime import moe as moe_runtime
+    from policy_runtime.matmul import ops as mm_runtime
+    from policy_runtime.matmul import tune as matmul_tune
+    from policy_runtime.moe import tune as moe_tune
+    from policy_runtime.moe import ops as moe_runtime
 
     for name, v in GE.VARIANTS.items():
         dtype_bytes = 4 if name.startswith("_moe_fp32_") else 2

@@ -1,4 +1,4 @@
-"""Ahead-of-time warm-up (policy_runtime/warmup.py), checked on the CPU in Triton's interpreter.
+"""Ahead-of-time warm-up (policy_runtime/warmup/), checked on the CPU in Triton's interpreter.
 
 The interpreter compiles nothing, so what is checked here is what can be without a GPU: that the
 compile-only scope runs no kernel and leaves every output as it was; that the drivers make one
@@ -29,10 +29,13 @@ from generated import dispatch
 from generated import matmul as mm
 from generated import moe
 from generated import transform as transform_ops
-from policy_runtime import cache as rt_cache
+from policy_runtime.cache import ops as rt_cache
 from policy_runtime import launch
-from policy_runtime import transform as rt_transform
-from policy_runtime import warmup as W
+from policy_runtime.transform import ops as rt_transform
+from policy_runtime.warmup import engine as W
+from policy_runtime.matmul.warmup import MatmulDriver
+from policy_runtime.warmup import calls as warmup_calls
+from policy_runtime.warmup import cli as warmup_cli
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's side; bench/warmup.py on a GPU")
 
@@ -111,7 +114,7 @@ def test_compile_only_scope_runs_no_kernel_and_leaves_outputs_alone():
     }
     for name, call in calls.items():
         recorder = Recorder()
-        with launch._compile_only(recorder):
+        with launch.compile_only(recorder):
             result = call()
         assert recorder.kernels, name
         if name.startswith("fused_moe"):
@@ -126,19 +129,19 @@ def test_compile_only_scope_runs_no_kernel_and_leaves_outputs_alone():
 
 def test_compile_only_scope_is_this_threads_alone():
     seen = {}
-    with launch._compile_only(Recorder()):
-        assert launch._compiling()
-        worker = threading.Thread(target=lambda: seen.setdefault("other thread", launch._compiling()))
+    with launch.compile_only(Recorder()):
+        assert launch.compiling()
+        worker = threading.Thread(target=lambda: seen.setdefault("other thread", launch.compiling()))
         worker.start()
         worker.join()
     assert seen == {"other thread": False}
-    assert not launch._compiling() and launch._SCOPES == 0
+    assert not launch.compiling() and launch._SCOPES == 0
 
 
 def test_the_memory_bound_launch_path_hands_its_plan_to_the_scope():
     x = torch.randn(5, 64)
     recorder = Recorder()
-    with launch._compile_only(recorder):
+    with launch.compile_only(recorder):
         transform_ops.silu_and_mul(x, hw="h200")
         transform_ops.rms_norm(x, torch.ones(64), 1e-6, hw="h200")
     assert recorder.kernels == ["_silu_and_mul_kernel", "_rms_norm_kernel"]
@@ -166,13 +169,13 @@ def test_matmul_calls_cover_every_bucket_in_both_layouts(target):
     for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         buckets = mm.buckets(target, torch_dtype)
         covered = [c.covers[2:5] for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype]
-        assert sorted(set(covered)) == sorted((b.name, dtype, layout) for b in buckets for layout in W.MatmulDriver.LAYOUTS)
+        assert sorted(set(covered)) == sorted((b.name, dtype, layout) for b in buckets for layout in MatmulDriver.LAYOUTS)
         for call in (c for c in plan.calls if c.module == "generated.matmul" and c.covers[3] == dtype):
             _, _, M, N, K, _ = call.args
             bucket = mm.select(M, N, K, dtype=torch_dtype, hw=target)
             # Each call stands for the argument class of (N, K) it names (tests/test_warmup_classes.py).
             assert bucket.name == call.covers[2]
-            assert call.covers[5] == W.MatmulDriver.describe_class(W.MatmulDriver.arg_class(M, N, K, bucket.triton))
+            assert call.covers[5] == MatmulDriver.describe_class(MatmulDriver.arg_class(M, N, K, bucket.triton))
             names = launched(plan, "matmul", *call.covers)
             fallback = bucket.triton.fallback
             assert names == {bucket.triton.name} or (fallback is not None and names == {fallback.name}), names
@@ -229,7 +232,7 @@ def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
         if v.kind == "grouped":
             expected |= {"_align_count", "_align_scatter"}
             if not v.fuse_sum and top_k > 1:
-                expected.add("_sum_rows")
+                expected.add("sum_rows")
         assert launched(plan, "moe", "fused_moe", "qwen36", "bfloat16", b.name) == expected
     assert launched(plan, "moe", "topk_softmax") == {"_topk_softmax_kernel"}
     # The router's two launch shapes (a token a program, tiles of tokens): each its own compile.
@@ -243,7 +246,7 @@ def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
 
 
 def plan_keys(planner, *rest, max_tokens):
-    return {W._plan_key(planner(n, *rest)) for n in range(1, max_tokens + 1)}
+    return {warmup_calls._plan_key(planner(n, *rest)) for n in range(1, max_tokens + 1)}
 
 
 @pytest.mark.parametrize("target", ("h200", "bi_v100"))
@@ -265,26 +268,26 @@ def test_memory_bound_calls_cover_every_launch_plan_over_token_counts(target):
             esize = 2
             expected = {
                 ("rms_norm", "plain"): plan_keys(
-                    rt_transform._plan_rms_norm, hidden, esize, False, tr["rms_norm"][target], max_tokens=max_tokens
+                    rt_transform.plan_rms_norm, hidden, esize, False, tr["rms_norm"][target], max_tokens=max_tokens
                 ),
                 ("rms_norm", "residual"): plan_keys(
-                    rt_transform._plan_rms_norm, hidden, esize, True, tr["rms_norm"][target], max_tokens=max_tokens
+                    rt_transform.plan_rms_norm, hidden, esize, True, tr["rms_norm"][target], max_tokens=max_tokens
                 ),
                 ("silu_and_mul",): plan_keys(
-                    rt_transform._plan_silu_and_mul, inter, esize, tr["silu_and_mul"][target], max_tokens=max_tokens
+                    rt_transform.plan_silu_and_mul, inter, esize, tr["silu_and_mul"][target], max_tokens=max_tokens
                 ),
                 ("rotary_embedding", "neox"): plan_keys(
-                    rt_transform._plan_rotary_embedding,
+                    rt_transform.plan_rotary_embedding,
                     *(nq, nk, hd, hd, True, esize, tr["rotary_embedding"][target]),
                     max_tokens=max_tokens,
                 ),
                 ("reshape_and_cache",): plan_keys(
-                    rt_cache._plan_reshape_and_cache,
+                    rt_cache.plan_reshape_and_cache,
                     *(nk * hd, hd, esize, ca["reshape_and_cache"][target]),
                     max_tokens=max_tokens,
                 ),
                 ("copy_blocks",): plan_keys(
-                    rt_cache._plan_copy_blocks,
+                    rt_cache.plan_copy_blocks,
                     *(2, 16 * nk * hd, 8, esize, ca["copy_blocks"][target]),
                     max_tokens=max_tokens,
                 ),
@@ -304,7 +307,7 @@ def test_memory_bound_calls_cover_every_launch_plan_over_token_counts(target):
                 ]
                 # Every plan of a token count up to max_tokens has its call (larger counts, sampled,
                 # may add plans), and no plan has two.
-                assert {W._plan_text(k) for k in keys} <= set(shared), (model, dtype, op)
+                assert {warmup_calls.plan_text(k) for k in keys} <= set(shared), (model, dtype, op)
                 assert len(texts) == len(set(texts)), (model, dtype, op)
 
 
@@ -403,18 +406,18 @@ def test_module_and_package_warmup_report():
     ],
 )
 def test_command_line_errors_exit_2(argv, message, capsys):
-    assert W.main(argv) == 2
+    assert warmup_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("python -m policy_runtime.warmup: error: ") and message in err, err
 
 
 def test_command_line_plan_and_json(tmp_path, capsys):
-    assert W.main(["--hw", "h200", "--modules", "cache", "--dtypes", "fp16", "--plan"]) == 0
+    assert warmup_cli.main(["--hw", "h200", "--modules", "cache", "--dtypes", "fp16", "--plan"]) == 0
     out = capsys.readouterr().out
     assert "cache: reshape_and_cache llama31_8b float16" in out and out.rstrip().endswith("kernels")
     path = tmp_path / "report.json"
     argv = ["--hw", "h200", "--modules", "transform,cache", "--dtypes", "bf16", "--json", str(path), "--no-progress"]
-    assert W.main(argv) == 0
+    assert warmup_cli.main(argv) == 0
     assert "warm-up of h200 (bfloat16" in capsys.readouterr().out
     data = json.loads(path.read_text())
     assert data["modules"] == ["generated.transform", "generated.cache"] and data["failed"] == 0
@@ -433,10 +436,10 @@ def test_module_entry_point_and_bad_option():
 
 
 def test_without_a_gpu_and_the_interpreter_warmup_says_so(monkeypatch, capsys):
-    monkeypatch.setattr(launch, "_INTERPRET", False)
+    monkeypatch.setattr(launch, "INTERPRET", False)
     with pytest.raises(RuntimeError, match="there is none"):
         generated.warmup("h200")
-    assert W.main(["--hw", "h200"]) == 2
+    assert warmup_cli.main(["--hw", "h200"]) == 2
     assert "there is none" in capsys.readouterr().err
 
 

@@ -10,7 +10,8 @@ import random
 import pytest
 import torch
 
-from policy_runtime import warmup as W
+from policy_runtime.warmup import engine as W
+from policy_runtime.matmul.warmup import MatmulDriver
 from generated import matmul as mm
 
 _PLANS: dict = {}
@@ -43,7 +44,7 @@ def test_odd_shapes_launch_only_planned_kernels(target):
     missing = []
     for dtype in ("bfloat16", "float16"):
         for M, N, K in odd_shapes():
-            for layout in W.MatmulDriver.LAYOUTS:
+            for layout in MatmulDriver.LAYOUTS:
                 call = W.Call("generated.matmul", "matmul", (target, dtype, M, N, K, layout), ("odd",))
                 launches = W._run_call(call, torch.device("cpu")).launches
                 assert launches, (M, N, K)
@@ -60,7 +61,7 @@ def test_a_dtype_not_asked_for_is_not_covered():
 
 def test_each_bucket_is_planned_in_every_size_class_that_reaches_it():
     plan = planned("h200")
-    D = W.MatmulDriver
+    D = MatmulDriver
     for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         for bucket in mm.buckets("h200", torch_dtype):
             described = {c.covers[5] for c in plan.calls if c.covers[2:5] == (bucket.name, dtype, "b row-major")}
@@ -83,7 +84,7 @@ def test_each_bucket_is_planned_in_every_size_class_that_reaches_it():
 
 
 def test_size_classes():
-    D = W.MatmulDriver
+    D = MatmulDriver
     assert [D.size_class(v) for v in (1, 2, 3, 4, 8, 12, 16, 24, 48, 777)] == [
         "1", "odd", "odd", "4n", "8n", "4n", "16n", "8n", "16n", "odd"
     ]  # fmt: skip

@@ -23,11 +23,20 @@ from .results import ResultsFile
 
 
 def load_harness(spec: str) -> Any:
+    """The harness ``module:attribute`` names; where that is a family (``policy_runtime.<name>:FAMILY``),
+    the family's ``tune``."""
+    from policy_runtime.family import Family
+
     module, _, attr = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module), attr)
+        found = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise RuntimeError(f"cannot load the tuning harness {spec!r}: {exc}") from None
+    if isinstance(found, Family):
+        if found.tune is None:
+            raise RuntimeError(f"cannot load the tuning harness {spec!r}: the {found.name} family has no tune")
+        found = found.tune()
+    return found
 
 
 def _gpu_timer(estimate: float) -> Callable[[Callable[[], object]], float]:

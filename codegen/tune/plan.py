@@ -300,7 +300,7 @@ def plan(
         model=model,
         dims=tuple(dims),
         dtype=dtype or spec.dtype,
-        harness=spec.harness,
+        harness=spec.harness or _family_harness(tree, config),
         rounds=rounds or spec.rounds,
         tolerance=spec.tolerance,
         params=FrozenMap(params),
@@ -330,6 +330,15 @@ def plan(
 # two; and 1,000 candidates take about 10 minutes to time on the H200 (matmul's 560 over 8 shapes
 # took 327 s).  A space past it is a slip (an axis too many) or wants --buckets and fewer values.
 MAX_RECORDS = 2000
+
+
+def _family_harness(tree: SpecTree, config: str) -> str:
+    """``policy_runtime.<module>:FAMILY`` of the module that reads ``config`` (its family's
+    ``tune`` is the harness): a spec that names no harness of its own."""
+    readers = [m.name for m in tree.modules if config in m.spec.reads]
+    if not readers:
+        raise PlanError(f"{config}'s tune names no harness and no module reads {config}: no family to ask for one")
+    return f"policy_runtime.{readers[0]}:FAMILY"
 
 
 def _check_size(cfg: Config, buckets: Sequence[str], spaces: Sequence[TuneSpace], option: str | None) -> None:

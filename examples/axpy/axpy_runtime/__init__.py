@@ -1,6 +1,6 @@
 """The axpy family's hand-written runtime: the kernel body and the host side.
 
-generated/axpy.py (built from templates/axpy.py.j2) imports this package by its absolute name, as
+generated/axpy.py (built from templates/axpy/module.py.j2) imports this package by its absolute name, as
 this repository's generated modules import policy_runtime: it must be importable wherever the
 generated package is (here, both sit in the project root; a project that ships a wheel puts both
 in it).  What does not vary with the specs lives here as ordinary Python; what does (the block

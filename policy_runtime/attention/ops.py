@@ -1,0 +1,1160 @@
+"""The hand-written half of generated/attention.py: attention kernel bodies and the host side.
+
+generated/attention.py (templates/attention/module.py.j2) holds what varies with the specs: one small
+``@triton.jit`` kernel per distinct prefill tile (``AttentionConfig``'s ``triton_block_m/n``,
+``triton_num_warps/stages``) and per distinct decode tile (``AttentionLaunch``), each calling a
+body below with its constants as keyword arguments; the tables of records per dtype, model (or
+head_dim) and target; and the public functions, which hand those tables to an ``Attention``
+object (below).  Everything else is here: the bodies (``prefill_body``, ``decode_body``), the V2 merge
+kernel, the PyTorch path of long decode sequences, the hook for vendor decode kernels, the
+argument checks and the path of one call.  The generated module's docstrings say what the entry
+points promise.  Names with a leading underscore are the kernel module's internals, not API.
+
+Numerics: scores and the softmax state (running max, running sum, output accumulator) are fp32;
+``exp2`` with ``scale * log2(e)`` folded into the scores; K and V tiles are multiplied in the
+input dtype (fp32 inputs: IEEE fp32 products, no TF32).  Rows that see no key (a causal row
+above the bottom-right diagonal, a sequence of length 0) give zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import launch as _launch
+from ..fp8_kv import FP8_DTYPE, kv_scale, unserved_error
+from ..sizing import grid_even_share
+
+__all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected", "record_uses"]
+
+# In the kernels: scores are scaled by scale * log2(e) = scale * 1.4426950408889634 (softmax in
+# base 2: exp2 is one instruction), and a row's running max starts at -1e30, not -inf, so that a
+# tile in which a row sees no key (all scores -inf) gives exp2(-inf - m) = 0 and a rescale
+# exp2(m - m) = 1, never NaN.
+# The V2 merge kernel reads this many partitions a step (at 512-token partitions, a 32k context
+# in one step) in slices of this many head_dim columns, one slice a program: fixed, so that no
+# length or bound compiles a new merge kernel.  Against 16 partitions a step over the whole
+# head_dim, 1-3 us less per call at batch 1 and 32k context on an H200
+# (exploration at commit cc8149c).
+_MERGE_BLOCK_P = 64
+_MERGE_BLOCK_D = 64
+# CUDA's limit on a grid's second and third dimensions.
+_MAX_GRID_YZ = 65535
+
+# ---------------------------------------------------------------------------------------
+# Kernel bodies: generated/attention.py's specialized kernels call prefill_body and decode_body with
+# their constants.
+
+
+@triton.jit
+def _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC: tl.constexpr):
+    # One key tile of the online softmax: s [rows, keys] are base-2 scores (-inf where masked),
+    # v [keys, dim] the tile's values.  Returns the rescaled state.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC: tl.constexpr, SOFTCAP: tl.constexpr):
+    # Base-2 scores of a tile: q k^T * scale * log2(e); with SOFTCAP (flash-attn's softcap, on the
+    # scaled scores before any mask or bias) softcap * tanh(q k^T * scale / softcap) * log2(e).
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if SOFTCAP:
+        x = s * (sm_scale / softcap)
+        # tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|): no overflow at any |x|.
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        s = tl.where(x < 0.0, -t, t) * (softcap * 1.4426950408889634)
+    else:
+        s = s * qk_scale
+    return s
+
+
+@triton.jit
+def _sink(acc, m_i, l_i, sink):
+    # A per-row attention sink (gpt-oss; vLLM's `sinks`): base-2 logit `sink` joins the softmax
+    # denominator and carries no value.  -inf: no sink.
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.math.exp2(sink - m_new)
+    return acc * alpha[:, None], m_new, l_i
+
+
+@triton.jit
+def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale, sm_scale, softcap,
+                  slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row, skb, svb, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PADDED: tl.constexpr, WINDOW: tl.constexpr,
+                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  KV_FP8: tl.constexpr):
+    # Keys [start, start + BLOCK_N) of one sequence.  MASKED: the tile may cross the end of the
+    # keys or (CAUSAL) the diagonal or (WINDOW) an edge of the window; an unmasked tile is seen
+    # whole by every row.  PADDED: the tile's columns past the head_dim are not loaded (zeros).
+    # PAGED: key j is at block bt_row[j // BLOCK_SIZE], slot j % BLOCK_SIZE of the caches.
+    # KV_FP8: the tiles are e4m3fn, converted (exactly) to the query's dtype; their scales are
+    # folded into sm_scale / qk_scale and the output by the caller.
+    cols = start + offs_n
+    if PAGED:
+        blk = tl.load(bt_row + cols // BLOCK_SIZE, mask=cols < k_len, other=0).to(tl.int64)
+        slot = cols % BLOCK_SIZE
+        k_ptrs = k_base + (blk * skb + slot * skt)[:, None] + offs_d[None, :]
+        v_ptrs = v_base + (blk * svb + slot * svt)[:, None] + offs_d[None, :]
+    else:
+        rows = cols.to(tl.int64)
+        k_ptrs = k_base + rows[:, None] * skt + offs_d[None, :]
+        v_ptrs = v_base + rows[:, None] * svt + offs_d[None, :]
+    if MASKED:
+        in_k = cols < k_len
+        if PADDED:
+            k = tl.load(k_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=in_k[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=in_k[:, None], other=0.0)
+    else:
+        if PADDED:
+            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+    if KV_FP8:
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+    s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
+    if ALIBI:
+        # flash-attn's ALiBi: -slope * |i + k_len - q_len - j| (slope in base 2 here).
+        s = s - slope * tl.abs(diag[:, None] - cols[None, :]).to(tl.float32)
+    if MASKED:
+        seen = in_k[None, :]
+        if CAUSAL:
+            seen = seen & (cols[None, :] <= diag[:, None])
+        if WINDOW:
+            seen = seen & (cols[None, :] >= diag[:, None] - win_left) & (cols[None, :] <= diag[:, None] + win_right)
+        s = tl.where(seen, s, float("-inf"))
+    return _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
+
+
+@triton.jit
+def prefill_body(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, sqh, skt, skh, svt, svh,
+             sot, soh, win_left, win_right, softcap, alibi_ptr, sinks_ptr, bt_ptr, bt_stride, skb, svb, k_scale,
+             v_scale, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, PAGED: tl.constexpr,
+             BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             DOT_PREC: tl.constexpr):
+    # grid = (query blocks of the longest sequence, heads, sequences).  Program (i, h, b) takes
+    # query block (last - i) of sequence b, head h: under a causal mask the longest blocks start
+    # first.  Lengths are read from cu_q / cu_k, never passed as arguments: a new length
+    # compiles nothing.  HEAD_PAD: the tile's width, the power of two at least HEAD_DIM.
+    # The features (flash-attn's semantics; each off costs nothing, its code is not compiled):
+    # WINDOW, row i sees keys diag_i - win_left <= j <= diag_i + win_right (diag_i = i + k_len -
+    # q_len), and only the key tiles that meet a row's window are read; SOFTCAP, scores are
+    # softcap * tanh(scores / softcap); ALIBI, -slope_h * |diag_i - j| is added; SINKS, head h's
+    # logit sinks[h] joins the softmax denominator.  PAGED (flash-attn's block_table): k_ptr and
+    # v_ptr are paged caches, sequence b's key j at block bt[b, j // BLOCK_SIZE], and cu_k gives
+    # the lengths only.  KV_FP8: e4m3fn K/V, dequantized as fp8 * k_scale (folded into sm_scale)
+    # and fp8 * v_scale (applied to the output).
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_q + seq)
+    q_len = tl.load(cu_q + seq + 1) - q_start
+    if m_block * BLOCK_M >= q_len:
+        return
+    k_start = tl.load(cu_k + seq)
+    k_len = tl.load(cu_k + seq + 1) - k_start
+    kv_head = head // group
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < HEAD_DIM
+    in_q = offs_m < q_len
+    q_rows = (q_start + offs_m).to(tl.int64)
+    if HEAD_PAD != HEAD_DIM:
+        q_mask = in_q[:, None] & d_ok[None, :]
+    else:
+        q_mask = in_q[:, None]
+    q = tl.load(q_ptr + q_rows[:, None] * sqt + head * sqh + offs_d[None, :], mask=q_mask, other=0.0)
+    if PAGED:
+        k_base = k_ptr + kv_head * skh
+        v_base = v_ptr + kv_head * svh
+        bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
+    else:
+        k_base = k_ptr + k_start.to(tl.int64) * skt + kv_head * skh
+        v_base = v_ptr + k_start.to(tl.int64) * svt + kv_head * svh
+        bt_row = bt_ptr
+    if KV_FP8:
+        sm_scale = sm_scale * tl.load(k_scale)
+    qk_scale = sm_scale * 1.4426950408889634
+    if ALIBI:
+        slope = tl.load(alibi_ptr + head).to(tl.float32) * 1.4426950408889634
+    else:
+        slope = 0.0
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    # Bottom-right causal alignment: row i sees keys j <= i + k_len - q_len.
+    shift = k_len - q_len
+    diag = offs_m + shift
+    if WINDOW:
+        # The key tiles that meet some row's window [diag - win_left, diag + win_right], all
+        # masked (CAUSAL: win_right is 0).
+        lo = tl.maximum(m_block * BLOCK_M + shift - win_left, 0)
+        hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift + win_right)
+        for start in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
+                                          skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP, ALIBI,
+                                          PAGED, BLOCK_SIZE, KV_FP8)
+    else:
+        if CAUSAL:
+            hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift)
+            # Keys every row of the block sees: j <= first row + shift.
+            whole = tl.minimum(hi, m_block * BLOCK_M + shift + 1)
+        else:
+            hi = k_len
+            whole = k_len
+        whole = (tl.maximum(whole, 0) // BLOCK_N) * BLOCK_N
+        for start in range(0, whole, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
+                                          skb, svb, False, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP,
+                                          ALIBI, PAGED, BLOCK_SIZE, KV_FP8)
+        for start in range(whole, hi, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
+                                          skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP,
+                                          ALIBI, PAGED, BLOCK_SIZE, KV_FP8)
+    if SINKS:
+        acc, m_i, l_i = _sink(acc, m_i, l_i, tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634)
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale)
+    tl.store(o_ptr + q_rows[:, None] * sot + head * soh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=q_mask)
+
+
+@triton.jit
+def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, part_l, sm_scale, group,
+            bt_stride, v1_limit, torch_limit, partition_size, max_parts, sqs, sqh, skb, skt, skh, svb,
+            svt, svh, sos, soh, win_len, softcap, alibi_ptr, sinks_ptr, k_scale, v_scale, HEAD_DIM: tl.constexpr,
+            HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr, WINDOW: tl.constexpr,
+            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr,
+            BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    # grid = (sequences, KV heads, partitions).  One program serves the `group` query heads of
+    # one KV head (their rows padded to Q_ROWS for the tensor cores), so a KV tile is read once
+    # per group.  A sequence's context is its last `span` tokens: all of them, or (WINDOW) the
+    # last win_len, so a window's blocks are the only ones read.  A context of at most v1_limit
+    # tokens is V1: partition 0 covers it whole and writes the output.  A longer one is V2:
+    # partition p covers its tokens [p * partition_size, (p + 1) * partition_size) and writes its
+    # normalised partial output and its softmax state for _merge.  A context longer than
+    # torch_limit is left to the PyTorch path.  SOFTCAP, ALIBI (vLLM's slope * (j - seq_len + 1))
+    # and SINKS (in partition 0's state) as in prefill_body.  KV_FP8 (vLLM's fp8 cache): e4m3fn tiles
+    # converted to the query's dtype after the load, k_scale folded into the logits scale and
+    # v_scale into the output (before a V2 partial is stored: the merge is linear in it).
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    seq_len = tl.load(sl_ptr + seq)
+    if WINDOW:
+        span = tl.minimum(seq_len, win_len)
+        first = seq_len - span
+    else:
+        span = seq_len
+        first = 0
+    is_v2 = span > v1_limit
+    start = first + tl.where(is_v2, part * partition_size, 0)
+    end = tl.where(is_v2, tl.minimum(start + partition_size, seq_len), seq_len)
+    skip = (span > torch_limit) | ((span <= v1_limit) & (part > 0)) | (is_v2 & (start >= seq_len))
+    if skip:
+        return
+    offs_g = tl.arange(0, Q_ROWS)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < HEAD_DIM
+    in_group = offs_g < group
+    if HEAD_PAD != HEAD_DIM:
+        g_mask = in_group[:, None] & d_ok[None, :]
+    else:
+        g_mask = in_group[:, None]
+    heads = kv_head * group + offs_g
+    seq64 = seq.to(tl.int64)
+    q = tl.load(q_ptr + seq64 * sqs + heads[:, None] * sqh + offs_d[None, :], mask=g_mask, other=0.0)
+    bt_row = bt_ptr + seq64 * bt_stride
+    k_head = kc_ptr + kv_head * skh
+    v_head = vc_ptr + kv_head * svh
+    if KV_FP8:
+        sm_scale = sm_scale * tl.load(k_scale)
+    qk_scale = sm_scale * 1.4426950408889634
+    if ALIBI:
+        slopes = tl.load(alibi_ptr + heads, mask=in_group, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_i = tl.full([Q_ROWS], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([Q_ROWS], dtype=tl.float32)
+    acc = tl.zeros([Q_ROWS, HEAD_PAD], dtype=tl.float32)
+    for tok0 in range(start, end, BLOCK_N):
+        toks = tok0 + offs_n
+        live = toks < end
+        block = tl.load(bt_row + toks // BLOCK_SIZE, mask=live, other=0).to(tl.int64)
+        slot = toks % BLOCK_SIZE
+        if HEAD_PAD != HEAD_DIM:
+            kv_mask = live[:, None] & d_ok[None, :]
+        else:
+            kv_mask = live[:, None]
+        k = tl.load(k_head + block[:, None] * skb + slot[:, None] * skt + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_head + block[:, None] * svb + slot[:, None] * svt + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+        s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
+        if ALIBI:
+            s = s + slopes[:, None] * (toks - (seq_len - 1)).to(tl.float32)[None, :]
+        s = tl.where(live[None, :], s, float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
+    if SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=in_group, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+        acc, m_i, l_i = _sink(acc, m_i, l_i, tl.where(part == 0, sink, float("-inf")))
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out = out * tl.load(v_scale)
+    if span <= v1_limit:
+        tl.store(o_ptr + seq64 * sos + heads[:, None] * soh + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=g_mask)
+    else:
+        # Partials of (sequence, head, partition) at ((seq * heads + head) * max_parts + part).
+        idx = (seq64 * (group * tl.num_programs(1)) + heads) * max_parts + part
+        tl.store(part_o + idx[:, None] * HEAD_DIM + offs_d[None, :], out, mask=g_mask)
+        tl.store(part_m + idx, m_i, mask=in_group)
+        tl.store(part_l + idx, l_i, mask=in_group)
+
+
+@triton.jit(do_not_specialize=["v1_limit", "torch_limit", "partition_size", "max_parts"])
+def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partition_size, max_parts, sos,
+           soh, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid = (sequences, heads, cdiv(HEAD_DIM, BLOCK_D)): the log-sum-exp merge of a V2
+    # sequence's partitions, BLOCK_D columns of one head a program.  With M the largest partition
+    # max (base 2), partition p weighs l_p * 2^(m_p - M); the output is the weighted mean of the
+    # partitions' normalised outputs.  Exact up to rounding.  sl_ptr: each sequence's context
+    # length (the decode kernel's span: a windowed call's lengths clamped to its window).
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    span = tl.load(sl_ptr + seq)
+    if (span <= v1_limit) | (span > torch_limit):
+        return
+    n_parts = tl.cdiv(span, partition_size)
+    base = (seq.to(tl.int64) * tl.num_programs(1) + head) * max_parts
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if HEAD_DIM % BLOCK_D != 0:
+        d_ok = offs_d < HEAD_DIM
+    else:
+        d_ok = offs_d >= 0
+    m_run = tl.full([BLOCK_P], -1.0e30, dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        p = p0 + offs_p
+        m_run = tl.maximum(m_run, tl.load(part_m + base + p, mask=p < n_parts, other=-1.0e30))
+    m_all = tl.max(m_run, 0)
+    w_sum = tl.zeros([BLOCK_P], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        p = p0 + offs_p
+        live = p < n_parts
+        w = tl.load(part_l + base + p, mask=live, other=0.0) * tl.math.exp2(
+            tl.load(part_m + base + p, mask=live, other=-1.0e30) - m_all)
+        o = tl.load(part_o + (base + p)[:, None] * HEAD_DIM + offs_d[None, :], mask=live[:, None] & d_ok[None, :],
+                    other=0.0)
+        acc += o * w[:, None]
+        w_sum += w
+    out = tl.sum(acc, 0) / tl.sum(w_sum, 0)
+    tl.store(o_ptr + seq.to(tl.int64) * sos + head * soh + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+
+
+# ---------------------------------------------------------------------------------------
+# Records of the generated kernels and tables.
+
+
+@dataclass(frozen=True)
+class PrefillKernel:
+    """One specialized prefill kernel of generated/attention.py and the constants it bakes in."""
+
+    kernel: Any
+    # "16bit" (fp16 and bf16 inputs) or "fp32".
+    dtype_class: str
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return self.kernel.__name__
+
+
+@dataclass(frozen=True)
+class DecodeKernel:
+    """One specialized paged-decode kernel of generated/attention.py and its constants."""
+
+    kernel: Any
+    dtype_class: str
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return self.kernel.__name__
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A target's AttentionConfig record for one dtype and model, and the prefill kernel built
+    from its tiles (for fp32 inputs: half as many key rows, the same bytes of K/V staging)."""
+
+    config: Any
+    prefill: PrefillKernel
+
+
+@dataclass(frozen=True)
+class Decode:
+    """A target's AttentionLaunch record for one element size and head_dim, and its decode kernel."""
+
+    launch: Any
+    kernel: DecodeKernel
+
+
+@dataclass(frozen=True)
+class Selected:
+    """What serves a call: the target, the model whose records serve its head_dim, the
+    AttentionConfig record (prefill tiles, decode thresholds, native flags), the AttentionLaunch
+    record (decode tiles) and the two kernels."""
+
+    target: str
+    model: str
+    config: Any
+    launch: Any
+    prefill: PrefillKernel
+    decode: DecodeKernel
+    # The model's AttentionFeatures record on the target (None where the tables have none).
+    features: Any = None
+
+
+# Table keys of the dtypes a call may have.
+_DTYPE_KEY = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_CLASS_OF = {"float16": "16bit", "bfloat16": "16bit", "float32": "fp32"}
+
+# A vendor decode kernel: called with keyword arguments out, query, key_cache, value_cache,
+# block_tables, seq_lens, scale, max_seq_len; writes out.
+NativeDecode = Callable[..., Any]
+
+
+# ---------------------------------------------------------------------------------------
+# Checks on a call.
+
+
+def _tensor(op: str, name: str, t: Any, dims: int, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{op}: {name} must be a tensor {what}, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{op}: {name} must be {what}, got shape {tuple(t.shape)}")
+    return t
+
+
+def _float_dtype(op: str, name: str, t: torch.Tensor) -> str:
+    key = _DTYPE_KEY.get(t.dtype)
+    if key is None:
+        raise ValueError(f"{op}: {name} has dtype {t.dtype}; expected float16, bfloat16 or float32")
+    return key
+
+
+def _same_dtype(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
+    if t.dtype != ref.dtype:
+        raise ValueError(f"{op}: {name} has dtype {t.dtype}, {ref_name} {ref.dtype}; they must match")
+
+
+def _unit_last(op: str, name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{op}: {name} {tuple(t.shape)} needs unit stride in its last dim, got strides {t.stride()}")
+
+
+def _same_device(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{op}: {name} is on {t.device}, {ref_name} on {ref.device}; they must be on one device")
+
+
+def _index(op: str, name: str, t: Any, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{op}: {name} must be an int32 tensor {what}, got {got}")
+    return t
+
+
+def _length(op: str, name: str, n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"{op}: {name} must be an int >= 0, got {n!r}")
+    return n
+
+
+def _scale(op: str, scale: Any, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be a finite float or None, got {scale!r}")
+    return float(scale)
+
+
+def _out(op: str, out: Any, shape: tuple[int, ...], ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=ref.dtype, device=ref.device)
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"{op}: out must be a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"{op}: out must have shape {shape}, got {tuple(out.shape)}")
+    _same_dtype(op, "out", out, ref, ref_name)
+    _same_device(op, "out", out, ref, ref_name)
+    _unit_last(op, "out", out)
+    return out
+
+
+def _launch_on(t: torch.Tensor, fn: Callable[[], None]) -> None:
+    # Launch on the tensors' device (a device guard only when it is not the current one).
+    if _launch.FIRST_LAUNCH:
+        _launch.ready_triton()
+    if t.is_cuda and t.get_device() != torch.cuda.current_device():
+        with torch.cuda.device(t.device):
+            fn()
+    else:
+        fn()
+
+
+def _tile_width(head_dim: int) -> int:
+    # The kernels' tile across the head: the power of two at least head_dim (and 16, a
+    # tensor-core step); columns past head_dim are masked, never read or written.
+    return max(16, _launch.pow2ceil(head_dim))
+
+
+@dataclass(frozen=True)
+class Features:
+    """A call's attention features, checked: ``window`` (left, right) as flash-attn's
+    ``window_size`` (-1 unbounded), ``softcap`` (0.0: none), ``alibi`` and ``sinks`` (fp32 [num_heads]
+    on the call's device, or None)."""
+
+    window: tuple[int, int]
+    softcap: float
+    alibi: Optional[torch.Tensor]
+    sinks: Optional[torch.Tensor]
+
+    @property
+    def used(self) -> bool:
+        return self.window != (-1, -1) or self.softcap > 0.0 or self.alibi is not None or self.sinks is not None
+
+    @property
+    def uses(self) -> frozenset[str]:
+        """The features the call uses, by the names ``record_uses`` gives a model's."""
+        if not self.used:
+            return _NO_FEATURES
+        names = (("window", self.window != (-1, -1)), ("softcap", self.softcap > 0.0),
+                 ("alibi", self.alibi is not None), ("sinks", self.sinks is not None))  # fmt: skip
+        return frozenset(n for n, on in names if on)
+
+    def torch_scores(self, scores: torch.Tensor, tok0: int, n: int, first: int, Hkv: int, G: int) -> torch.Tensor:
+        """The PyTorch decode path's scores [Hkv, G, tokens] of keys tok0... (scaled) with the
+        soft-cap, ALiBi bias and window mask the kernels apply."""
+        if self.softcap > 0.0:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        pos = torch.arange(tok0, tok0 + scores.shape[-1], device=scores.device)
+        if self.alibi is not None:
+            scores = scores + self.alibi.view(Hkv, G, 1) * (pos - (n - 1)).float()
+        if first > 0:
+            scores = scores.masked_fill(pos < first, -math.inf)
+        return scores
+
+
+_NO_FEATURES: frozenset[str] = frozenset()
+
+
+def record_uses(record: Any) -> frozenset[str]:
+    """The features an AttentionFeatures record enables: "window", "softcap", "alibi", "sinks"."""
+    names = (("window", record.sliding_window > 0), ("softcap", record.softcap > 0.0), ("alibi", record.alibi),
+             ("sinks", record.sinks))  # fmt: skip
+    return frozenset(n for n, on in names if on)
+
+
+def _features(op: str, ref_name: str, ref: torch.Tensor, H: int, window_size: Any, softcap: Any, alibi: Any,
+              sinks: Any) -> Features:
+    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))  # fmt: skip
+    if not ok:
+        raise ValueError(f"{op}: window_size must be (left, right), ints >= -1 (-1: unbounded), got {window_size!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"{op}: softcap must be a finite float >= 0 (0: none), got {softcap!r}")
+    vectors = []
+    for name, t in (("alibi_slopes", alibi), ("sinks", sinks)):
+        if t is not None:
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (H,):
+                got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{op}: {name} must be a float32 tensor [num_heads={H}], got {got}")
+            _same_device(op, name, t, ref, ref_name)
+            if t.stride(0) != 1:
+                t = t.contiguous()
+        vectors.append(t)
+    return Features((int(window_size[0]), int(window_size[1])), float(softcap), vectors[0], vectors[1])
+
+
+# ---------------------------------------------------------------------------------------
+# The entry points over one generated module's tables.
+
+
+class Attention:
+    """prefill_attention, decode_attention, select and register_native_decode of
+    generated/attention.py, over its tables.
+
+    ``policies``: dtype name ("float16", "bfloat16", "float32") -> model -> target -> Policy.
+    ``decode``: element class ("16bit", "fp32") -> head_dim -> target -> Decode.
+    ``model_of_head_dim``: tile head_dim -> the model whose AttentionConfig records serve it.
+    A call's head_dim may be any multiple of 8 up to the widest tile: its kernels run the
+    smallest tile at least as wide (the tile is padded, not the tensors), with that tile's
+    records, whose shared-memory checks were made for the tile.
+    ``model_head_dim``: model -> its head_dim; ``features``: model -> target -> its
+    AttentionFeatures.  A call with features runs the records of a model of its tile whose
+    features include the call's (their register checks counted them; the fewest extra
+    features, then the tile's own model, then by name); a call with features no such model uses
+    runs the tile's records, its kernel specialization compiled on first use.
+    ``hardware``: target -> hardware record (its sm_count sizes the PyTorch path's tiles).
+    ``target_name(hw, device)``: the spec name a call launches for.
+    ``decode_fp8``: query class -> head_dim -> target -> Decode over an FP8 (e4m3fn) KV cache;
+    ``fp8_unserved``: target -> the feature it lacks for one (an fp8 cache raises ValueError there).
+    """
+
+    def __init__(
+        self,
+        *,
+        policies: Mapping[str, Mapping[str, Mapping[str, Policy]]],
+        decode: Mapping[str, Mapping[int, Mapping[str, Decode]]],
+        model_of_head_dim: Mapping[int, str],
+        hardware: Mapping[str, Any],
+        target_name: Callable[[Any, Any], str],
+        decode_fp8: Optional[Mapping[str, Mapping[int, Mapping[str, Decode]]]] = None,
+        fp8_unserved: Optional[Mapping[str, str]] = None,
+        model_head_dim: Optional[Mapping[str, int]] = None,
+        features: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    ) -> None:
+        missing = [k for k in _DTYPE_KEY.values() if k not in policies] + [
+            k for k in ("16bit", "fp32") if k not in decode
+        ]
+        if missing:
+            raise ValueError(f"Attention: tables missing for {missing}")
+        self.policies = policies
+        self.decode_tables = decode
+        self.model_of_head_dim = dict(model_of_head_dim)
+        self.head_dims = tuple(sorted(self.model_of_head_dim))
+        self.hardware = hardware
+        self.target_name = target_name
+        self.model_head_dim = dict(model_head_dim or {})
+        self.features = features or {}
+        # (tile, target, features) -> the model whose records serve such calls.
+        self._feature_models: dict[tuple[int, str, frozenset[str]], str] = {}
+        self.native: dict[int, Optional[NativeDecode]] = {1: None, 2: None}
+        self.decode_fp8_tables = decode_fp8 or {}
+        self.fp8_unserved = dict(fp8_unserved or {})
+
+    # -- tables ---------------------------------------------------------------------------
+
+    def select(self, dtype: torch.dtype, head_dim: int, hw: Any = None, device: Any = None,
+               uses: frozenset[str] = _NO_FEATURES, kv_fp8: bool = False) -> Selected:
+        """The records and kernels that serve calls of ``dtype`` and ``head_dim`` on a target,
+        using the features ``uses`` ("window", "softcap", "alibi", "sinks"; none by default);
+        ``kv_fp8``: over an FP8 KV cache, whose decode tiles are AttentionLaunchFp8's."""
+        key = _DTYPE_KEY.get(dtype)
+        if key is None:
+            raise ValueError(f"attention: dtype {dtype} is not served; expected float16, bfloat16 or float32")
+        tile = self.tile_of(head_dim)
+        if tile is None:
+            raise ValueError(f"attention: head_dim {head_dim} is not served; {self.served()}")
+        model = self.model_of_head_dim[tile]
+        target = self.target_name(hw, device)
+        if uses:
+            model = self._model_using(tile, target, frozenset(uses), model)
+        policy = self.policies[key][model][target]
+        if kv_fp8:
+            missing = self.fp8_unserved.get(target)
+            if missing is not None or target not in self.decode_fp8_tables.get(_CLASS_OF[key], {}).get(tile, {}):
+                served = sorted(self.decode_fp8_tables.get("16bit", {}).get(tile, {}))
+                raise unserved_error("attention", target, missing or "fp8_e4m3fn",
+                                     "specs/kernels/attention.toml's attention_launch_fp8", served)
+            dec = self.decode_fp8_tables[_CLASS_OF[key]][tile][target]
+        else:
+            dec = self.decode_tables[_CLASS_OF[key]][tile][target]
+        feat = self.features.get(model, {}).get(target)
+        return Selected(target, model, policy.config, dec.launch, policy.prefill, dec.kernel, feat)
+
+    def _model_using(self, tile: int, target: str, uses: frozenset[str], default: str) -> str:
+        # The model of this tile whose features include ``uses``: the fewest extra ones, then
+        # the tile's own model, then by name; none: the tile's own model.
+        key = (tile, target, uses)
+        found = self._feature_models.get(key)
+        if found is None:
+            ranked = []
+            for model, head_dim in self.model_head_dim.items():
+                record = self.features.get(model, {}).get(target)
+                if record is None or self.tile_of(head_dim) != tile:
+                    continue
+                has = record_uses(record)
+                if uses <= has:
+                    ranked.append((len(has - uses), model != default, model))
+            found = min(ranked)[2] if ranked else default
+            self._feature_models[key] = found
+        return found
+
+    def tile_of(self, head_dim: Any) -> Optional[int]:
+        """The tile width (a head_dim of the tables) that serves ``head_dim``: the smallest at
+        least as wide, for a multiple of 8; None where none does."""
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 8 or head_dim % 8:
+            return None
+        return next((t for t in self.head_dims if t >= head_dim), None)
+
+    def served(self) -> str:
+        return f"the kernels serve multiples of 8 up to {self.head_dims[-1]} (tiles {list(self.head_dims)})"
+
+    def register_native(self, version: int, fn: Optional[NativeDecode]) -> Optional[NativeDecode]:
+        """Register (or with None remove) the vendor decode kernel of ``version`` (1 or 2);
+        returns the one it replaces."""
+        if version not in (1, 2):
+            raise ValueError(f"register_native_decode: version must be 1 or 2, got {version!r}")
+        if fn is not None and not callable(fn):
+            raise ValueError(f"register_native_decode: fn must be callable or None, got {type(fn).__name__}")
+        old = self.native[version]
+        self.native[version] = fn
+        return old
+
+    # -- prefill --------------------------------------------------------------------------
+
+    def prefill(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=True,
+                scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, out=None, hw=None,
+                block_table=None, k_scale=None, v_scale=None,
+                kernel: Optional[PrefillKernel] = None) -> torch.Tensor:
+        """Varlen flash attention (generated/attention.py's prefill_attention).  ``kernel``
+        (tests, benchmarks) runs that prefill kernel instead of the target's."""
+        op = "prefill_attention"
+        paged = block_table is not None
+        _tensor(op, "q", q, 3, "[total_q, num_heads, head_dim]")
+        if paged:
+            _tensor(op, "k", k, 4, "a paged cache [num_blocks, block_size, num_kv_heads, head_dim] (block_table)")
+            _tensor(op, "v", v, 4, "a paged cache [num_blocks, block_size, num_kv_heads, head_dim] (block_table)")
+        else:
+            _tensor(op, "k", k, 3, "[total_k, num_kv_heads, head_dim]")
+            _tensor(op, "v", v, 3, "[total_k, num_kv_heads, head_dim]")
+        dkey = _float_dtype(op, "q", q)
+        kv_fp8 = _kv_dtype(op, ("k", k), ("v", v), q, "q")
+        total_q, H, D = q.shape
+        total_k, Hkv, Dk = (k.shape[0] * k.shape[1], *k.shape[2:]) if paged else k.shape
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(f"{op}: v {tuple(v.shape)} must have k's shape {tuple(k.shape)}")
+        if Dk != D:
+            raise ValueError(f"{op}: k has head_dim {Dk}, q {D}; they must match")
+        if Hkv == 0 or H % Hkv:
+            raise ValueError(f"{op}: q's {H} heads must be a multiple of k's {Hkv} KV heads")
+        if self.tile_of(D) is None:
+            raise ValueError(f"{op}: q has head_dim {D}; {self.served()}")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _unit_last(op, name, t)
+        _index(op, "cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
+        _index(op, "cu_seqlens_k", cu_seqlens_k, "[batch + 1]")
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1 or cu_seqlens_k.shape != cu_seqlens_q.shape:
+            raise ValueError(
+                f"{op}: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} "
+                "must both be 1-D of batch + 1 entries"
+            )
+        max_q = _length(op, "max_seqlen_q", max_seqlen_q)
+        _length(op, "max_seqlen_k", max_seqlen_k)
+        sm_scale = _scale(op, scale, D)
+        for name, t in (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            _same_device(op, name, t, q, "q")
+        feat = _features(op, "q", q, H, window_size, softcap, alibi_slopes, sinks)
+        scales = _kv_scales(op, kv_fp8, k_scale, v_scale, q.device)
+        batch = cu_seqlens_q.shape[0] - 1
+        bs = k.shape[1] if paged else 1
+        if paged:
+            _index(op, "block_table", block_table, "[batch, max_blocks]")
+            if block_table.dim() != 2 or block_table.shape[0] != batch:
+                raise ValueError(
+                    f"{op}: block_table must be [batch={batch}, max_blocks], got {tuple(block_table.shape)}"
+                )
+            _unit_last(op, "block_table", block_table)
+            _same_device(op, "block_table", block_table, q, "q")
+            if bs < 1:
+                raise ValueError(f"{op}: k has block_size {bs}")
+        out = _out(op, out, (total_q, H, D), q, "q")
+        _launch.check_runnable(op, "q", q)
+        if batch > _MAX_GRID_YZ:
+            raise ValueError(f"{op}: {batch} sequences; at most {_MAX_GRID_YZ} per call")
+        if cu_seqlens_q.device.type == "cpu":
+            if paged:
+                # A sequence's keys are its block-table row's first len_k slots.
+                total_k = block_table.shape[1] * bs * batch
+                _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
+                ck = cu_seqlens_k.tolist()
+                lens = [b - a for a, b in zip(ck, ck[1:])]
+                _check_lengths(op, lens, block_table.shape[1] * bs, None, bs, block_table, k.shape[0],
+                               lens_name="cu_seqlens_k", table_name="block_table", cache_name="k")
+            else:
+                _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
+        if kernel is None:
+            kernel = self.select(q.dtype, D, hw, q.device, feat.uses, kv_fp8=kv_fp8).prefill
+        elif kv_fp8:
+            self.select(q.dtype, D, hw, q.device, kv_fp8=True)  # the target must serve fp8 caches
+        elif kernel.dtype_class != _CLASS_OF[dkey]:
+            raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {q.dtype}")
+        if batch == 0 or max_q == 0 or H == 0 or total_q == 0:
+            return out
+        cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
+        cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
+        grid = (_launch.cdiv(max_q, kernel.block_m), H, batch)
+        # flash-attn's window: (left, right), -1 unbounded, right 0 under a causal mask.  An
+        # unbounded side is a bound no key reaches; no window at all compiles no window code.
+        left, right = feat.window
+        if causal:
+            right = 0
+        window = left >= 0 or (right >= 0 and not causal)
+        unbounded = max_q + max_seqlen_k + 1
+        win_left = left if left >= 0 else unbounded
+        win_right = right if right >= 0 else unbounded
+        dummy = _unused_fp32(q.device)
+        alibi = feat.alibi if feat.alibi is not None else dummy
+        sink = feat.sinks if feat.sinks is not None else dummy
+        ks, vs = scales if scales is not None else (dummy, dummy)
+        # Paged: (block, slot, head) strides of the caches; else (token, head) and no blocks.
+        kst, vst = (k.stride(), v.stride()) if paged else ((0, *k.stride()), (0, *v.stride()))
+        bt = block_table if paged else _unused_i32(q.device)
+
+        def run() -> None:
+            _launch.launch_kernel(
+                kernel.kernel, grid,
+                q, k, v, out, cu_q, cu_k, sm_scale, H // Hkv,
+                q.stride(0), q.stride(1), kst[1], kst[2], vst[1], vst[2],
+                out.stride(0), out.stride(1), win_left, win_right, feat.softcap, alibi, sink,
+                bt, bt.stride(0) if paged else 0, kst[0], vst[0], ks, vs,
+                D, _tile_width(D), bool(causal), window, feat.softcap > 0.0, feat.alibi is not None,
+                feat.sinks is not None, paged, bs, kv_fp8,
+                num_warps=kernel.num_warps, num_stages=kernel.num_stages,
+            )  # fmt: skip
+
+        _launch_on(q, run)
+        return out
+
+    # -- decode ---------------------------------------------------------------------------
+
+    def decode(self, query, key_cache, value_cache, block_tables, seq_lens, *, scale=None, window_size=(-1, -1),
+               softcap=0.0, alibi_slopes=None, sinks=None, out=None, hw=None, max_seq_len=None,
+               k_scale=None, v_scale=None,
+               config: Any = None, kernel: Optional[DecodeKernel] = None, launch: Any = None) -> torch.Tensor:
+        """Paged decode (generated/attention.py's decode_attention).  ``config`` (an
+        AttentionConfig, e.g. with smaller thresholds), ``launch`` (an AttentionLaunch) and
+        ``kernel`` replace the target's, for tests and benchmarks."""
+        op = "decode_attention"
+        _tensor(op, "query", query, 3, "[num_seqs, num_heads, head_dim]")
+        _tensor(op, "key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+        _tensor(op, "value_cache", value_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+        dkey = _float_dtype(op, "query", query)
+        kv_fp8 = _kv_dtype(op, ("key_cache", key_cache), ("value_cache", value_cache), query, "query")
+        S, H, D = query.shape
+        nb, bs, Hkv, Dk = key_cache.shape
+        if tuple(value_cache.shape) != tuple(key_cache.shape):
+            raise ValueError(f"{op}: value_cache {tuple(value_cache.shape)} must have key_cache's shape "
+                             f"{tuple(key_cache.shape)}")
+        if Dk != D:
+            raise ValueError(f"{op}: key_cache has head_dim {Dk}, query {D}; they must match")
+        if Hkv == 0 or H % Hkv:
+            raise ValueError(f"{op}: query's {H} heads must be a multiple of key_cache's {Hkv} KV heads")
+        if self.tile_of(D) is None:
+            raise ValueError(f"{op}: query has head_dim {D}; {self.served()}")
+        if bs < 1:
+            raise ValueError(f"{op}: key_cache has block_size {bs}")
+        for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+            _unit_last(op, name, t)
+        _index(op, "block_tables", block_tables, "[num_seqs, max_blocks]")
+        _index(op, "seq_lens", seq_lens, "[num_seqs]")
+        if block_tables.dim() != 2 or block_tables.shape[0] != S:
+            raise ValueError(f"{op}: block_tables must be [num_seqs={S}, max_blocks], got {tuple(block_tables.shape)}")
+        if seq_lens.dim() != 1 or seq_lens.shape[0] != S:
+            raise ValueError(f"{op}: seq_lens must be [num_seqs={S}], got {tuple(seq_lens.shape)}")
+        _unit_last(op, "block_tables", block_tables)
+        sm_scale = _scale(op, scale, D)
+        if max_seq_len is not None:
+            _length(op, "max_seq_len", max_seq_len)
+        for name, t in (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables),
+                        ("seq_lens", seq_lens)):
+            _same_device(op, name, t, query, "query")
+        feat = _features(op, "query", query, H, window_size, softcap, alibi_slopes, sinks)
+        scales = _kv_scales(op, kv_fp8, k_scale, v_scale, query.device)
+        out = _out(op, out, (S, H, D), query, "query")
+        _launch.check_runnable(op, "query", query)
+        sel = self.select(query.dtype, D, hw, query.device, feat.uses, kv_fp8=kv_fp8)
+        cfg = config if config is not None else sel.config
+        lcfg = launch if launch is not None else sel.launch
+        if kernel is None:
+            kernel = sel.decode
+        elif kernel.dtype_class != _CLASS_OF[dkey]:
+            raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {query.dtype}")
+        if S == 0 or H == 0:
+            return out
+        if seq_lens.stride(0) != 1:
+            seq_lens = seq_lens.contiguous()
+        # No sequence is longer than the block table holds (or the caller's max_seq_len): the
+        # bound that sizes a launch while the lengths stay on the device.
+        capacity = block_tables.shape[1] * bs
+        if max_seq_len is not None:
+            capacity = min(capacity, max_seq_len)
+        torch_limit = cfg.pytorch_decode_threshold
+        # The one query is the last token: it sees the window's win_len = left + 1 last keys
+        # (flash-attn's window_size[0]; the right side reaches no key).  A context is a
+        # sequence's last min(length, win_len) tokens; only those are read.
+        win_len = feat.window[0] + 1 if feat.window[0] >= 0 else None
+        span = capacity if win_len is None else min(capacity, win_len)
+        lens: Optional[list[int]] = None
+        if seq_lens.device.type == "cpu" or span > torch_limit:
+            # Host lengths: free for CPU tensors; for CUDA tensors one copy (a sync), only where a
+            # sequence may be long enough for the PyTorch path.
+            lens = seq_lens.tolist()
+            _check_lengths(op, lens, capacity, max_seq_len, bs, block_tables, nb)
+        spans = lens if lens is None or win_len is None else [min(n, win_len) for n in lens]
+        long_rows = [i for i, n in enumerate(spans) if n > torch_limit] if spans is not None else []
+        if len(long_rows) < S:
+            bound = span
+            if spans is not None:
+                bound = max((n for n in spans if n <= torch_limit), default=0)
+            self._decode_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
+                                 kernel, bound, long_rows, feat, win_len, scales)
+        if long_rows and not _launch.compiling():  # warm-up's compile-only scope: no Triton kernel here
+            assert lens is not None
+            sm_count = self.hardware[sel.target].sm_count
+            _torch_decode(out, query, key_cache, value_cache, block_tables, lens, long_rows, sm_scale,
+                          cfg.pytorch_max_tile_blocks, sm_count, feat, scales)
+        return out
+
+    def _decode_kernels(self, out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
+                        kernel, bound, long_rows, feat, win_len, scales=None) -> None:
+        # The sequences whose context is at most pytorch_decode_threshold tokens (bound: the
+        # longest of them, or the block table's capacity): a registered vendor kernel where the
+        # policy says so (and the call uses no feature and no fp8 cache: the hook's signature has
+        # neither), else the Triton kernels.
+        S, H, D = query.shape
+        Hkv = key_cache.shape[2]
+        version = 1 if bound <= cfg.v1_v2_threshold else 2
+        plain = not feat.used and scales is None
+        native = self.native[version] if getattr(cfg, f"use_native_v{version}") and plain else None
+        if native is not None:
+            if _launch.compiling():
+                return  # warm-up's compile-only scope: a vendor kernel has nothing for it to compile
+            if long_rows:
+                skip = set(long_rows)
+                rows = torch.tensor([i for i in range(S) if i not in skip], device=query.device)
+                sub = torch.empty((rows.shape[0], H, D), dtype=out.dtype, device=out.device)
+                native(out=sub, query=query.index_select(0, rows), key_cache=key_cache, value_cache=value_cache,
+                       block_tables=block_tables.index_select(0, rows), seq_lens=seq_lens.index_select(0, rows),
+                       scale=sm_scale, max_seq_len=bound)
+                out.index_copy_(0, rows, sub)
+            else:
+                native(out=out, query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
+                       seq_lens=seq_lens, scale=sm_scale, max_seq_len=bound)
+            return
+        v1_limit, ps, parts = decode_plan(S, Hkv, bound, cfg, lcfg)
+        if parts > _MAX_GRID_YZ or Hkv > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
+            raise ValueError(f"decode_attention: {parts} partitions of {H} heads exceed the launch grid")
+        if parts > 1:
+            part_o = torch.empty((S, H, parts, D), dtype=torch.float32, device=query.device)
+            part_ml = torch.empty((2, S, H, parts), dtype=torch.float32, device=query.device)
+            part_m, part_l = part_ml[0], part_ml[1]
+        else:
+            # Not read (every sequence is V1), but fp32 like the real buffers: a pointer of another
+            # dtype would compile a second kernel.
+            part_o = part_m = part_l = _unused_fp32(query.device)
+        group = H // Hkv
+        q_rows = max(16, _launch.pow2ceil(group))
+        torch_limit = cfg.pytorch_decode_threshold
+        kst, vst = key_cache.stride(), value_cache.stride()
+        dummy = _unused_fp32(query.device)
+        alibi = feat.alibi if feat.alibi is not None else dummy
+        sink = feat.sinks if feat.sinks is not None else dummy
+        ks, vs = scales if scales is not None else (dummy, dummy)
+        # The merge reads each sequence's context length: a windowed call's lengths clamped.
+        spans = seq_lens if win_len is None or parts == 1 else seq_lens.clamp(max=win_len)
+
+        def run() -> None:
+            _launch.launch_kernel(
+                kernel.kernel, (S, Hkv, parts),
+                query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_m, part_l, sm_scale,
+                group, block_tables.stride(0), v1_limit, torch_limit, ps, parts, query.stride(0), query.stride(1),
+                kst[0], kst[1], kst[2], vst[0], vst[1], vst[2], out.stride(0), out.stride(1),
+                win_len if win_len is not None else 0, feat.softcap, alibi, sink, ks, vs,
+                D, _tile_width(D), key_cache.shape[1], q_rows, win_len is not None, feat.softcap > 0.0,
+                feat.alibi is not None, feat.sinks is not None, scales is not None,
+                num_warps=kernel.num_warps, num_stages=kernel.num_stages,
+            )  # fmt: skip
+            if parts > 1:
+                block_d = min(_tile_width(D), _MERGE_BLOCK_D)
+                _launch.launch_kernel(
+                    _merge, (S, H, _launch.cdiv(D, block_d)),
+                    out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
+                    out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
+                )  # fmt: skip
+
+        _launch_on(query, run)
+
+
+def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int, int, int]:
+    """(v1_limit, partition, partitions) of a Triton decode launch of S sequences and Hkv KV heads
+    whose lengths are at most ``bound``, by its AttentionConfig and AttentionLaunch records: the
+    sequences of at most v1_limit tokens run V1 (one program each), longer ones V2 in partitions
+    of ``partition`` tokens; ``partitions`` is 1 where every sequence is V1."""
+    v1_limit = cfg.v1_v2_threshold
+    if S * Hkv < lcfg.v1_min_programs:
+        # Too few (sequence, KV head) programs to fill the part: split every sequence longer
+        # than one partition.
+        v1_limit = min(v1_limit, cfg.partition_size)
+    ps = cfg.partition_size
+    parts = 1 if bound <= v1_limit else _launch.cdiv(bound, ps)
+    # A V2 launch with fewer programs than one wave of resident ones leaves memory bandwidth
+    # unused: its partitions halve (down to v2_min_partition tokens) until it fills the wave.
+    while 1 < parts and S * Hkv * parts < lcfg.v2_min_programs and ps // 2 >= lcfg.v2_min_partition:
+        ps //= 2
+        parts = _launch.cdiv(bound, ps)
+    return v1_limit, ps, parts
+
+
+_UNUSED: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused_fp32(device: torch.device) -> torch.Tensor:
+    t = _UNUSED.get(device)
+    if t is None:
+        t = _UNUSED[device] = torch.zeros(16, dtype=torch.float32, device=device)
+    return t
+
+
+_UNUSED_I32: dict[torch.device, torch.Tensor] = {}
+
+
+def _unused_i32(device: torch.device) -> torch.Tensor:
+    # The block table of an unpaged prefill: int32 like a real one (one kernel either way).
+    t = _UNUSED_I32.get(device)
+    if t is None:
+        t = _UNUSED_I32[device] = torch.zeros((1, 16), dtype=torch.int32, device=device)
+    return t
+
+
+def _kv_dtype(op: str, k: tuple[str, torch.Tensor], v: tuple[str, torch.Tensor], ref: torch.Tensor,
+              ref_name: str) -> bool:
+    """Whether K and V are an FP8 (e4m3fn) cache: both float8_e4m3fn, or both of ``ref``'s dtype."""
+    (kn, kt), (vn, vt) = k, v
+    if kt.dtype == FP8_DTYPE or vt.dtype == FP8_DTYPE:
+        if kt.dtype != vt.dtype:
+            raise ValueError(f"{op}: {kn} has dtype {kt.dtype}, {vn} {vt.dtype}; an fp8 cache needs both float8_e4m3fn")
+        return True
+    _same_dtype(op, kn, kt, ref, ref_name)
+    _same_dtype(op, vn, vt, ref, ref_name)
+    return False
+
+
+def _kv_scales(op: str, kv_fp8: bool, k_scale: Any, v_scale: Any,
+               device: torch.device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The fp8 cache's (k_scale, v_scale) as one-element fp32 tensors; None for a 16/32-bit cache
+    (which takes no scales)."""
+    if not kv_fp8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"{op}: k_scale / v_scale apply only to an fp8 (float8_e4m3fn) KV cache")
+        return None
+    return kv_scale(op, "k_scale", k_scale, device), kv_scale(op, "v_scale", v_scale, device)
+
+
+def _check_cu_seqlens(op: str, cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
+                      max_q: int, max_k: int) -> None:
+    # Only for CPU tensors (no device sync): offsets from 0, non-decreasing, within the tensors,
+    # no sequence longer than max_seqlen_*.
+    for name, cu, total, longest, lname in (("cu_seqlens_q", cu_q, total_q, max_q, "max_seqlen_q"),
+                                             ("cu_seqlens_k", cu_k, total_k, max_k, "max_seqlen_k")):
+        vals = cu.tolist()
+        lens = [b - a for a, b in zip(vals, vals[1:])]
+        if vals[0] != 0 or any(n < 0 for n in lens) or vals[-1] > total:
+            raise ValueError(f"{op}: {name} {vals} must rise from 0 to at most {total}")
+        if lens and max(lens) > longest:
+            raise ValueError(f"{op}: {name} has a sequence of {max(lens)} tokens, longer than {lname}={longest}")
+
+
+def _check_lengths(op: str, lens: list[int], capacity: int, max_seq_len: Optional[int], bs: int,
+                   block_tables: torch.Tensor, nb: int, lens_name: str = "seq_lens", table_name: str = "block_tables",
+                   cache_name: str = "key_cache") -> None:
+    # Lengths already on the host: within the block table and max_seq_len; block ids checked
+    # where the table is on the CPU too (no device sync).
+    bad = [n for n in lens if n < 0 or n > capacity]
+    if bad:
+        why = f"{table_name} holds {block_tables.shape[1]} blocks of {bs}"
+        if max_seq_len is not None:
+            why += f", max_seq_len={max_seq_len}"
+        raise ValueError(f"{op}: {lens_name} has {bad[0]}; lengths must be in [0, {capacity}] ({why})")
+    if block_tables.device.type == "cpu" and lens:
+        used = torch.arange(block_tables.shape[1])[None, :] < torch.tensor([-(-n // bs) for n in lens])[:, None]
+        wrong = used & ((block_tables < 0) | (block_tables >= nb))
+        if bool(wrong.any()):
+            s, j = (int(x) for x in wrong.nonzero()[0])
+            raise ValueError(f"{op}: {table_name}[{s}, {j}] = {int(block_tables[s, j])} is not a block of "
+                             f"{cache_name} (0 to {nb - 1})")
+
+
+def _torch_decode(out, query, key_cache, value_cache, block_tables, lens, rows, sm_scale, max_tile_blocks,
+                  sm_count, feat: Optional["Features"] = None, scales: Optional[tuple] = None) -> None:
+    """The PyTorch path of sequences whose context is longer than pytorch_decode_threshold: per
+    sequence, its cache blocks in tiles of at most ``max_tile_blocks`` (``grid_even_share`` gives
+    the number of tiles, the blocks are shared evenly among them), each tile's scores and softmax
+    state in fp32, the tiles merged exactly (log-sum-exp).  ``feat``: the call's window (only the
+    window's blocks are read), soft-cap, ALiBi slopes and sinks, as the kernels apply them.
+    ``scales``: an fp8 cache's (k_scale, v_scale) tensors, by which its values are multiplied."""
+    _, H, D = query.shape
+    bs, Hkv = key_cache.shape[1], key_cache.shape[2]
+    G = H // Hkv
+    win_len = feat.window[0] + 1 if feat is not None and feat.window[0] >= 0 else None
+    for s in rows:
+        n = lens[s]
+        first = 0 if win_len is None else max(0, n - win_len)
+        n_blocks = -(-n // bs)
+        b_first = first // bs
+        share = grid_even_share(n_blocks - b_first, max_tile_blocks, sm_count)
+        tiles = share["total_tiles"]
+        base, extra = divmod(n_blocks - b_first, tiles)
+        q = query[s].float().view(Hkv, G, D) * sm_scale
+        m = torch.full((Hkv, G), -math.inf, device=query.device)
+        l = torch.zeros((Hkv, G), device=query.device)
+        acc = torch.zeros((Hkv, G, D), device=query.device)
+        b0 = b_first
+        for t in range(tiles):
+            b1 = b0 + base + (1 if t < extra else 0)
+            ids = block_tables[s, b0:b1].long()
+            toks = min(n, b1 * bs) - b0 * bs
+            k = key_cache.index_select(0, ids).reshape(-1, Hkv, D)[:toks].float()
+            v = value_cache.index_select(0, ids).reshape(-1, Hkv, D)[:toks].float()
+            if scales is not None:
+                k, v = k * scales[0], v * scales[1]
+            scores = torch.einsum("hgd,nhd->hgn", q, k)
+            if feat is not None:
+                scores = feat.torch_scores(scores, b0 * bs, n, first, Hkv, G)
+            m_t = scores.amax(-1)
+            p = torch.exp(scores - m_t[..., None])
+            m_new = torch.maximum(m, m_t)
+            a, b = torch.exp(m - m_new), torch.exp(m_t - m_new)
+            acc = acc * a[..., None] + torch.einsum("hgn,nhd->hgd", p, v) * b[..., None]
+            l = l * a + p.sum(-1) * b
+            m = m_new
+            b0 = b1
+        if feat is not None and feat.sinks is not None:
+            sink = feat.sinks.view(Hkv, G)
+            m_new = torch.maximum(m, sink)
+            a = torch.exp(m - m_new)
+            acc, l = acc * a[..., None], l * a + torch.exp(sink - m_new)
+        out[s] = (acc / l[..., None]).reshape(H, D).to(out.dtype)

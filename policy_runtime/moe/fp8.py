@@ -1,0 +1,918 @@
+"""The hand-written half of generated/moe.py's FP8 path: fused MoE w8a8 (e4m3fn), vLLM semantics.
+
+``fused_moe_fp8`` is vLLM's ``fused_experts(..., use_fp8_w8a8=True)``: w1 and w2 in float8_e4m3fn
+with float32 scales, the activations quantized to e4m3 inside the call, fp32 accumulation, the
+result in hidden_states' dtype.  Two scalings, chosen by ``block_shape``:
+
+- per tensor (``block_shape=None``): one scale per expert for each of w1 and w2 (``(E,)``); the
+  activations' scale is static (``a1_scale``, ``a2_scale``: one value each) or, where not given,
+  dynamic: amax / 448 over the tensor, computed in the call.  The scales multiply each expert's
+  accumulated tile (as vLLM's kernel).
+- 128-block (``block_shape=[128, 128]``, DeepSeek-V3's): weight scales per 128x128 block
+  (``(E, ceil(N/128), ceil(K/128))``), activations quantized in the call per token and 128-element
+  group (1x128, vLLM's ``per_token_group_quant_fp8``: amax / 448 of each group, at least 1e-10);
+  each K step (a divisor of 128) lies in one block, so its product is scaled before it is added.
+
+The intermediate (activation of the up GEMM's two halves) is rounded to hidden_states' dtype, as
+vLLM's intermediate cache, then quantized the same way for the down GEMM: with a static a2_scale in
+the up GEMM's epilogue; dynamically per tensor by an amax the up GEMM gathers (fp32 atomic max),
+then a quantizing pass; per token group by the quantizing kernel.
+
+Kernel bodies (``grouped``, e4m3 tensor-core dots on rows aligned per expert, and ``simt``, decode
+on the CUDA cores without alignment: see specs/kernels/moe.toml's ``moe_fp8_launch``) are
+specialized per bucket config in generated/moe.py.  Triton's interpreter loads e4m3 tensors and
+runs the same arithmetic (in fp32), so the CPU tests run these kernels; the FP8 tensor-core
+instructions and their speed need a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import launch as _launch
+from ..lookup import PolicyTables
+from ..scaled_mm.constexprs import SCALE_BLOCK
+from .ops import (
+    ACTIVATIONS,
+    SUM_BLOCK,
+    act_and_mul,
+    align,
+    check_expert_map,
+    fail,
+    guarded,
+    index_tensor,
+    same_device,
+    sum_rows,
+    tensor_arg,
+)
+
+FP8 = torch.float8_e4m3fn
+# e4m3fn's largest finite value: a scale maps amax onto it.
+FP8_MAX = 448.0
+# The least amax a scale is computed from (vLLM's per_token_group_quant_fp8 eps): an all-zero
+# group or tensor gets a tiny scale and zeros, never a division by zero.
+AMAX_FLOOR = 1e-10
+# Scalings (the kernels' SCALING constexpr).
+TENSOR, BLOCK = 0, 1
+# The up GEMM's epilogue (its OUT constexpr): store the intermediate in hidden_states' dtype (the
+# block scaling quantizes it after); the same and an atomic amax of it (dynamic per-tensor); or
+# quantized by a static scale, in e4m3.
+OUT_PLAIN, OUT_AMAX, OUT_STATIC = 0, 1, 2
+# How the intermediate is rounded before a static quantization (the ROUND constexpr): to
+# hidden_states' dtype, as the other epilogues store it.
+_ROUND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# The quantizing kernel's modes (its MODE constexpr) and tile: ROWS rows of one 128-column group.
+Q_STATIC, Q_DYNAMIC, Q_GROUP = 0, 1, 2
+_Q_ROWS = 16
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# Activation quantization.
+
+
+@triton.jit
+def _e4m3_round(v):
+    # v (fp32, |v| <= 448) rounded to the nearest e4m3fn value, ties to even, still in fp32: the
+    # spacing of e4m3 values at v's binade (2**(e - 3), e4m3's subnormals that of its least normal
+    # binade, 2**-9), and round-to-nearest-even by adding and removing 1.5 * 2**23.  The cast to
+    # e4m3 after is then exact: the same on the GPU as its rounding conversion, and right in
+    # Triton's interpreter, whose float-to-fp8 cast loses the carry when a mantissa rounds up to
+    # the next power of two (125.4 became 64).
+    e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    spacing = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inverse = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)
+    return ((v * inverse + 12582912.0) - 12582912.0) * spacing
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_amax(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    # amax_ptr[0] = max(amax_ptr[0], |x| over a ROWS x BLOCK tile): grid (row tiles, column tiles),
+    # amax_ptr zeroed before.
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
+    tl.atomic_max(amax_ptr, tl.max(tl.abs(x.to(tl.float32))), sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_quant(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    amax_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_qm,
+    stride_qk,
+    stride_sm,
+    stride_sk,
+    MODE: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # M (tokens or routed rows) is not specialized on, so a new T compiles nothing.
+    # q = clamp(x / scale, -448, 448) in e4m3 for a ROWS x BLOCK tile (grid: row tiles, column
+    # tiles).  MODE 0: scale s_ptr[0] (static per tensor); 1: max(amax_ptr[0], floor) / 448 (dynamic
+    # per tensor; program (0, 0) stores it to s_ptr[0]); 2: per row and BLOCK-column group, its
+    # amax / 448, stored to s_ptr[row, group] (vLLM's per_token_group_quant_fp8).
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    if MODE == 0:
+        q = x / tl.load(s_ptr)
+    elif MODE == 1:
+        scale = tl.maximum(tl.load(amax_ptr), 1e-10) / 448.0
+        q = x / scale
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.store(s_ptr, scale)
+    else:
+        scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10) / 448.0
+        q = x / scale[:, None]
+        s_ptrs = s_ptr + rows.to(tl.int64) * stride_sm + tl.program_id(1) * stride_sk
+        tl.store(s_ptrs, scale, mask=row_ok)
+    q = _e4m3_round(tl.minimum(tl.maximum(q, -448.0), 448.0))
+    q_ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :] * stride_qk
+    tl.store(q_ptrs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fp8_epilogue(h, h_ptrs, hs_ptr, amax_ptr, mask, OUT: tl.constexpr, ROUND: tl.constexpr):
+    # The up GEMM's intermediate h (fp32) stored: in h_ptr's dtype (OUT 0), the same and its amax
+    # gathered (OUT 1), or rounded to hidden_states' dtype (ROUND: 1 fp16, 2 bf16) and quantized
+    # by the static scale hs_ptr[0] to e4m3 (OUT 2).
+    if OUT == 2:
+        if ROUND == 1:
+            h = h.to(tl.float16).to(tl.float32)
+        elif ROUND == 2:
+            h = h.to(tl.bfloat16).to(tl.float32)
+        q = _e4m3_round(tl.minimum(tl.maximum(h / tl.load(hs_ptr), -448.0), 448.0))
+        tl.store(h_ptrs, q.to(h_ptrs.dtype.element_ty), mask=mask)
+    else:
+        hr = h.to(h_ptrs.dtype.element_ty)
+        tl.store(h_ptrs, hr, mask=mask)
+        if OUT == 1:
+            a = tl.where(mask, tl.abs(hr.to(tl.float32)), 0.0)
+            tl.atomic_max(amax_ptr, tl.max(a), sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------
+# GEMM bodies: generated/moe.py's specialized FP8 kernels call these with their constants.
+
+
+@triton.jit
+def fp8_grouped_up_body(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    h_ptr,
+    hs_ptr,
+    amax_ptr,
+    sorted_ptr,
+    experts_ptr,
+    post_pad_ptr,
+    numel,
+    num_m_blocks,
+    N,
+    K,
+    top_k,
+    stride_xm,
+    stride_xk,
+    stride_xsm,
+    stride_xsk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_hm,
+    stride_hn,
+    ACT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SCALING: tl.constexpr,
+    OUT: tl.constexpr,
+    ROUND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+):
+    # policy_runtime/moe.py's _grouped_up on e4m3 operands: one aligned block of one expert's rows,
+    # BLOCK_N columns of each half of w1, grouped order.  SCALING 0: the accumulated tiles times
+    # xs[0] * ws[e]; 1: each K step's products times xs[row, kb] and ws[e, n // 128, kb] (n the
+    # weight row: gate and up halves have their own blocks).
+    group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    first_m = (tl.program_id(0) // group) * GROUP_M
+    group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (tl.program_id(0) % group) % group_m
+    pid_n = (tl.program_id(0) % group) // group_m
+    if pid_m * BLOCK_M < tl.load(post_pad_ptr):
+        tok = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = tok < numel  # padding rows hold numel
+        expert = tl.load(experts_ptr + pid_m).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = (offs_n % N).to(tl.int64)  # wrapped: every weight load is in bounds, stores masked
+        offs_k = tl.arange(0, BLOCK_K)
+        src = (tok // top_k).to(tl.int64)
+        a_ptrs = x_ptr + src[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        if ACT == 2:  # gpt-oss: gate and up rows interleaved
+            g_rows = 2 * cols
+            u_rows = g_rows + 1
+        else:
+            g_rows = cols
+            u_rows = cols + N
+        g_ptrs = w_ptr + expert * stride_we + g_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        u_ptrs = w_ptr + expert * stride_we + u_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SCALING == 1:
+            xs_ptrs = xs_ptr + src * stride_xsm
+            gs_ptrs = ws_ptr + expert * stride_wse + (g_rows // SCALE_BLOCK) * stride_wsn
+            us_ptrs = ws_ptr + expert * stride_wse + (u_rows // SCALE_BLOCK) * stride_wsn
+        for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                g = tl.load(g_ptrs)
+                u = tl.load(u_ptrs)
+            else:
+                k_ok = offs_k < K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+                u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+            if SCALING == 1:
+                kb = (kt * BLOCK_K) // SCALE_BLOCK
+                xs = tl.load(xs_ptrs + kb * stride_xsk, mask=valid, other=0.0)[:, None]
+                acc_g += tl.dot(a, g) * xs * tl.load(gs_ptrs + kb * stride_wsk)[None, :]
+                acc_u += tl.dot(a, u) * xs * tl.load(us_ptrs + kb * stride_wsk)[None, :]
+            else:
+                acc_g = tl.dot(a, g, acc_g)
+                acc_u = tl.dot(a, u, acc_u)
+            a_ptrs += BLOCK_K * stride_xk
+            g_ptrs += BLOCK_K * stride_wk
+            u_ptrs += BLOCK_K * stride_wk
+        if SCALING == 0:
+            s = tl.load(xs_ptr) * tl.load(ws_ptr + expert * stride_wse)
+            acc_g = acc_g * s
+            acc_u = acc_u * s
+        h = act_and_mul(acc_g, acc_u, ACT)
+        h_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_n[None, :] * stride_hn
+        _fp8_epilogue(h, h_ptrs, hs_ptr, amax_ptr, valid[:, None] & (offs_n < N)[None, :], OUT, ROUND)
+
+
+@triton.jit
+def fp8_grouped_down_body(
+    h_ptr,
+    hs_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    weights_ptr,
+    sorted_ptr,
+    experts_ptr,
+    post_pad_ptr,
+    numel,
+    num_m_blocks,
+    N,
+    K,
+    top_k,
+    stride_hm,
+    stride_hk,
+    stride_hsm,
+    stride_hsk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_om,
+    stride_on,
+    EVEN_K: tl.constexpr,
+    SCALING: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    FUSE_SUM: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+):
+    # policy_runtime/moe.py's _grouped_down on e4m3 operands: weights[row] * (h[row] @ w[e].T) for
+    # one aligned block, scaled as fp8_grouped_up_body (h's scale hs[0] or hs[row, kb]); FUSE_SUM adds
+    # it into out[row // k] (fp32, atomically), else writes out[row].
+    group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    first_m = (tl.program_id(0) // group) * GROUP_M
+    group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (tl.program_id(0) % group) % group_m
+    pid_n = (tl.program_id(0) % group) // group_m
+    if pid_m * BLOCK_M < tl.load(post_pad_ptr):
+        tok = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = tok < numel
+        expert = tl.load(experts_ptr + pid_m).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = (offs_n % N).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
+        b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SCALING == 1:
+            hs_ptrs = hs_ptr + tok.to(tl.int64) * stride_hsm
+            bs_ptrs = ws_ptr + expert * stride_wse + (cols // SCALE_BLOCK) * stride_wsn
+        for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                b = tl.load(b_ptrs)
+            else:
+                k_ok = offs_k < K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            if SCALING == 1:
+                kb = (kt * BLOCK_K) // SCALE_BLOCK
+                hs = tl.load(hs_ptrs + kb * stride_hsk, mask=valid, other=0.0)
+                acc += tl.dot(a, b) * hs[:, None] * tl.load(bs_ptrs + kb * stride_wsk)[None, :]
+            else:
+                acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K * stride_hk
+            b_ptrs += BLOCK_K * stride_wk
+        coef = tl.load(weights_ptr + tok, mask=valid, other=0.0).to(tl.float32)
+        if SCALING == 0:
+            coef = coef * (tl.load(hs_ptr) * tl.load(ws_ptr + expert * stride_wse))
+        acc = acc * coef[:, None]
+        mask = valid[:, None] & (offs_n < N)[None, :]
+        if FUSE_SUM:
+            o_ptrs = out_ptr + (tok // top_k).to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+            tl.atomic_add(o_ptrs, acc, mask=mask, sem="relaxed")
+        else:
+            o_ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+            tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def fp8_simt_up_body(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    h_ptr,
+    hs_ptr,
+    amax_ptr,
+    ids_ptr,
+    N,
+    K,
+    top_k,
+    stride_xm,
+    stride_xk,
+    stride_xsm,
+    stride_xsk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_hm,
+    stride_hn,
+    ACT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SCALING: tl.constexpr,
+    OUT: tl.constexpr,
+    ROUND: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    EP: tl.constexpr = False,
+):
+    # One flat row r = t * k + j a program (axis 0), BLOCK_N columns of each half (axis 1), on the
+    # CUDA cores (policy_runtime/moe.py's _simt_up on one-byte weights): each step a BLOCK_N x
+    # BLOCK_K slab of both halves times the row (e4m3 values, products exact in fp32) into fp32
+    # accumulators of the slab's shape, reduced over K at the end.  SCALING 1 scales each step's
+    # products by the row's group scale and the slab rows' block scales; 0 the sums by xs[0] *
+    # ws[e].  STAGES > 1 stages the loop's loads through shared memory (tl.range).  EP: a row of
+    # another rank's expert (id -1) loads nothing and is not read by the down kernel.
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    k_end = K
+    if EP:
+        k_end = tl.where(expert >= 0, K, 0)
+        expert = tl.maximum(expert, 0)
+    src = (r // top_k).to(tl.int64)
+    a_ptrs = x_ptr + src * stride_xm + offs_k * stride_xk
+    if ACT == 2:  # gpt-oss: gate and up rows interleaved
+        g_rows = 2 * cols
+        u_rows = g_rows + 1
+    else:
+        g_rows = cols
+        u_rows = cols + N
+    g_ptrs = w_ptr + expert * stride_we + g_rows[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    u_ptrs = w_ptr + expert * stride_we + u_rows[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    gs_ptrs = ws_ptr + expert * stride_wse + (g_rows // SCALE_BLOCK) * stride_wsn
+    us_ptrs = ws_ptr + expert * stride_wse + (u_rows // SCALE_BLOCK) * stride_wsn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(0, k_end, BLOCK_K, num_stages=STAGES):
+        if EVEN_K:
+            a = tl.load(a_ptrs + k0 * stride_xk)
+            g = tl.load(g_ptrs + k0 * stride_wk)
+            u = tl.load(u_ptrs + k0 * stride_wk)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs + k0 * stride_xk, mask=k_ok, other=0.0)
+            g = tl.load(g_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0)
+        a = a.to(tl.float32)[None, :]
+        if SCALING == 1:
+            kb = k0 // SCALE_BLOCK
+            xs = tl.load(xs_ptr + src * stride_xsm + kb * stride_xsk)
+            acc_g += (g.to(tl.float32) * a) * (xs * tl.load(gs_ptrs + kb * stride_wsk))[:, None]
+            acc_u += (u.to(tl.float32) * a) * (xs * tl.load(us_ptrs + kb * stride_wsk))[:, None]
+        else:
+            acc_g += g.to(tl.float32) * a
+            acc_u += u.to(tl.float32) * a
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    if SCALING == 0:
+        s = tl.load(xs_ptr) * tl.load(ws_ptr + expert * stride_wse)
+        gate = gate * s
+        up = up * s
+    h = act_and_mul(gate, up, ACT)
+    h_ptrs = h_ptr + r.to(tl.int64) * stride_hm + offs_n * stride_hn
+    _fp8_epilogue(h, h_ptrs, hs_ptr, amax_ptr, offs_n < N, OUT, ROUND)
+
+
+@triton.jit
+def fp8_simt_down_body(
+    h_ptr,
+    hs_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    weights_ptr,
+    ids_ptr,
+    N,
+    K,
+    top_k,
+    stride_hm,
+    stride_hk,
+    stride_hsm,
+    stride_hsk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_om,
+    stride_on,
+    SCALING: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    EP: tl.constexpr = False,
+):
+    # One token t a program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores: for each
+    # of its k experts in slot order, BLOCK_N x BLOCK_K slabs of w2 times the row of h, each
+    # step's products times the slot's routing weight and scales (per tensor: hs[0] * ws[e]; block:
+    # hs[row, kb] and the slab rows' ws[e, n // 128, kb]), into one fp32 slab-shaped accumulator
+    # reduced over K at the end.  EP: slots of another rank's expert (id -1) add nothing.
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for j in range(0, top_k):
+        r = (t * top_k + j).to(tl.int64)
+        expert = tl.load(ids_ptr + r).to(tl.int64)
+        weight = tl.load(weights_ptr + r).to(tl.float32)
+        k_end = K
+        if EP:
+            k_end = tl.where(expert >= 0, K, 0)
+            expert = tl.maximum(expert, 0)
+        a_ptrs = h_ptr + r * stride_hm + offs_k * stride_hk
+        b_ptrs = w_ptr + expert * stride_we + rows[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        bs_ptrs = ws_ptr + expert * stride_wse + (rows // SCALE_BLOCK) * stride_wsn
+        if SCALING == 0:
+            weight = weight * tl.load(hs_ptr) * tl.load(ws_ptr + expert * stride_wse)
+        for k0 in tl.range(0, k_end, BLOCK_K, num_stages=STAGES):
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs + k0 * stride_hk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            b = tl.load(b_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0).to(tl.float32)
+            if SCALING == 1:
+                kb = k0 // SCALE_BLOCK
+                coef = weight * tl.load(hs_ptr + r * stride_hsm + kb * stride_hsk)
+                acc += (b * a) * (coef * tl.load(bs_ptrs + kb * stride_wsk))[:, None]
+            else:
+                acc += (b * a) * weight
+    o = tl.sum(acc, axis=1)
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n * stride_on, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+# ---------------------------------------------------------------------------------------
+# Scales of a call.
+
+
+@dataclass(frozen=True)
+class MoEScales:
+    """The checked scales of one fused_moe_fp8 call: the scaling (TENSOR or BLOCK), the weights'
+    scale tensors and their (expert, n-block, k-block) strides (0 where a scale does not vary),
+    and the static activation scales (None: dynamic)."""
+
+    scaling: int
+    w1: torch.Tensor
+    w1_strides: tuple[int, int, int]
+    w2: torch.Tensor
+    w2_strides: tuple[int, int, int]
+    a1: Optional[torch.Tensor]
+    a2: Optional[torch.Tensor]
+
+
+def _scale_tensor(op: str, name: str, s: Any, device: torch.device) -> torch.Tensor:
+    if not isinstance(s, torch.Tensor):
+        fail(op, f"{name} must be a float32 tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        fail(op, f"{name} must be float32, got {s.dtype}")
+    if s.device != device:
+        fail(op, f"{name} is on {s.device} but hidden_states is on {device}")
+    if s.requires_grad and torch.is_grad_enabled():
+        fail(op, f"{name} requires grad, and the kernels have no backward")
+    return s
+
+
+def check_moe_scales(
+    op: str,
+    H: int,
+    inter: int,
+    E: int,
+    w1_scale: Any,
+    w2_scale: Any,
+    a1_scale: Any,
+    a2_scale: Any,
+    block_shape: Any,
+    device: torch.device,
+) -> MoEScales:
+    """The scaling a call's scales and ``block_shape`` ask for, or ValueError naming the argument."""
+    blocked = block_shape is not None
+    if blocked:
+        ok = isinstance(block_shape, (list, tuple)) and len(block_shape) == 2
+        if not ok or any(isinstance(v, bool) or v != SCALE_BLOCK for v in block_shape):
+            fail(
+                op,
+                f"block_shape must be None (per-tensor scales) or [{SCALE_BLOCK}, {SCALE_BLOCK}], got {block_shape!r}",
+            )
+        for dim, size in (("H (hidden_states' columns)", H), ("I (w2's columns)", inter)):
+            if size % SCALE_BLOCK:
+                fail(
+                    op, f"block_shape {list(block_shape)}: the block size {SCALE_BLOCK} does not divide {dim} = {size}"
+                )
+    w1s = _scale_tensor(op, "w1_scale", w1_scale, device)
+    w2s = _scale_tensor(op, "w2_scale", w2_scale, device)
+    named = (("w1_scale", w1s, 2 * inter, H), ("w2_scale", w2s, H, inter))
+    strides = []
+    for name, s, n, k in named:
+        if blocked:
+            want = (E, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK))
+            if tuple(s.shape) != want:
+                blocks = f"(experts, {n}/{SCALE_BLOCK}, {k}/{SCALE_BLOCK} blocks)"
+                fail(op, f"{name} must be {want} {blocks} for block_shape "
+                          f"{list(block_shape)}, got {tuple(s.shape)}")  # fmt: skip
+            strides.append(tuple(s.stride()))
+        else:
+            if s.dim() < 1 or s.shape[0] != E or s.numel() != E:
+                fail(op, f"{name} must be ({E},), one scale per expert (per-tensor scaling; block_shape "
+                          f"[{SCALE_BLOCK}, {SCALE_BLOCK}] for block scales), got {tuple(s.shape)}")  # fmt: skip
+            strides.append((s.stride(0) if E > 1 else 0, 0, 0))
+    acts = []
+    for name, s in (("a1_scale", a1_scale), ("a2_scale", a2_scale)):
+        if s is None:
+            acts.append(None)
+            continue
+        s = _scale_tensor(op, name, s, device)
+        if blocked:
+            fail(op, f"{name} must be None with block_shape: activations are quantized per token and "
+                      f"{SCALE_BLOCK}-column group inside the call")  # fmt: skip
+        if s.numel() != 1 or s.dim() > 2:
+            fail(
+                op, f"{name} must hold one value (a static per-tensor scale: (), (1,) or (1, 1)), got {tuple(s.shape)}"
+            )
+        acts.append(s.reshape(1))
+    return MoEScales(BLOCK if blocked else TENSOR, w1s, strides[0], w2s, strides[1], acts[0], acts[1])
+
+
+# ---------------------------------------------------------------------------------------
+# Records of the generated kernels and buckets.
+
+
+def _quantize(
+    x: torch.Tensor, q: torch.Tensor, scaling: int, static: Optional[torch.Tensor], amax: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """x (M, K) into q in e4m3: per tensor by ``static`` or by the amax (dynamic; ``amax`` already
+    gathered, else gathered here), or per row and 128-group; returns the scales as the GEMMs read
+    them ((1,) or (M, K / 128))."""
+    M, K = x.shape
+    grid = (_launch.cdiv(M, _Q_ROWS), _launch.cdiv(K, SCALE_BLOCK))
+    if scaling == BLOCK:
+        scale = torch.empty((M, K // SCALE_BLOCK), dtype=torch.float32, device=x.device)
+        mode, amax_arg = Q_GROUP, scale
+    elif static is not None:
+        scale, mode, amax_arg = static, Q_STATIC, static
+    else:
+        scale, mode = torch.empty(1, dtype=torch.float32, device=x.device), Q_DYNAMIC
+        if amax is None:
+            amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+            _launch.launch_kernel(
+                _fp8_amax, grid, x, amax, M, K, x.stride(0), x.stride(1), ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, num_warps=4
+            )
+        amax_arg = amax
+    s_strides = scale.stride() if scale.dim() == 2 else (0, 0)
+    _launch.launch_kernel(
+        _fp8_quant, grid,
+        x, q, scale, amax_arg, M, K, x.stride(0), x.stride(1), q.stride(0), q.stride(1), *s_strides,
+        MODE=mode, ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, num_warps=4,
+    )  # fmt: skip
+    return scale
+
+
+@dataclass(frozen=True)
+class Fp8Variant:
+    """One pair of specialized FP8 kernels of generated/moe.py and the constants they were
+    generated with (``up``: the first GEMM with the activation, ``down``: the second with the
+    routing weights)."""
+
+    up: Any
+    down: Any
+    kind: str
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    fuse_sum: bool
+    down_block_n: int
+    down_block_k: int
+    down_num_warps: int
+    down_num_stages: int
+
+    @property
+    def name(self) -> str:
+        return self.up.__name__.removesuffix("_up")
+
+    def run(
+        self,
+        x: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        out: torch.Tensor,
+        act: int,
+        num_experts: int,
+        scales: MoEScales,
+        ep: bool = False,
+    ) -> None:
+        """out[t] = sum_j weights[t, j] * dq(q(act-and-mul(dq(q(x[t])) @ dq(w1[e]).T))) @ dq(w2[e]).T
+        for checked, non-empty operands (q: quantized to e4m3 as ``scales`` say, dq: times the
+        scales; ``weights`` and ``ids`` flat and contiguous).  ``ep``: ids may be -1 (another
+        rank's expert), and such rows add nothing."""
+        T, H = x.shape
+        inter = w2.shape[2]
+        numel = weights.numel()
+        k = numel // T
+        dev = x.device
+        compiling = _launch.compiling()
+        x_q = torch.empty((T, H), dtype=FP8, device=dev)
+        x_s = _quantize(x, x_q, scales.scaling, scales.a1, None)
+        # The intermediate: quantized by the up GEMM's epilogue (static scale), else stored in x's
+        # dtype and quantized after (its amax gathered by the up GEMM where dynamic per tensor).
+        amax = None
+        simt = self.kind == "simt"
+        # Rows of other ranks' experts are never written by the grouped up GEMM; where a pass
+        # quantizes every row after it, they start at zero (never read either way).
+        alloc = torch.zeros if ep and not simt else torch.empty
+        if scales.scaling == TENSOR and scales.a2 is not None:
+            out_mode, h = OUT_STATIC, torch.empty((numel, inter), dtype=FP8, device=dev)
+            hs_arg = amax_arg = scales.a2
+        elif scales.scaling == TENSOR:
+            out_mode, h = OUT_AMAX, alloc((numel, inter), dtype=x.dtype, device=dev)
+            amax = torch.zeros(1, dtype=torch.float32, device=dev)
+            hs_arg = amax_arg = amax
+        else:
+            out_mode, h = OUT_PLAIN, alloc((numel, inter), dtype=x.dtype, device=dev)
+            hs_arg = amax_arg = x_s
+        opts = dict(num_warps=self.num_warps, num_stages=1 if simt else self.num_stages)
+        down_opts = dict(num_warps=self.down_num_warps, num_stages=1 if simt else self.down_num_stages)
+        x_ss = x_s.stride() if x_s.dim() == 2 else (0, 0)
+        up_tail = (act, H % self.block_k == 0, scales.scaling, out_mode, _ROUND[x.dtype])
+
+        def intermediate() -> tuple[torch.Tensor, torch.Tensor]:
+            # h as the down GEMM reads it, e4m3, and its scales.
+            if out_mode == OUT_STATIC:
+                return h, scales.a2  # type: ignore[return-value]
+            h_q = torch.empty((numel, inter), dtype=FP8, device=dev)
+            return h_q, _quantize(h, h_q, scales.scaling, None, amax)
+
+        if simt:
+            _launch.launch_kernel(
+                self.up, (numel, _launch.cdiv(inter, self.block_n)),
+                x_q, x_s, w1, scales.w1, h, hs_arg, amax_arg, ids, inter, H, k, *x_q.stride(), *x_ss,
+                *w1.stride(), *scales.w1_strides, *h.stride(), *up_tail, EP=ep, **opts,
+            )  # fmt: skip
+            h_q, h_s = intermediate()
+            h_ss = h_s.stride() if h_s.dim() == 2 else (0, 0)
+            _launch.launch_kernel(
+                self.down, (T, _launch.cdiv(H, self.down_block_n)),
+                h_q, h_s, w2, scales.w2, out, weights, ids, H, inter, k, *h_q.stride(), *h_ss, *w2.stride(),
+                *scales.w2_strides, *out.stride(), scales.scaling, EP=ep, **down_opts,
+            )  # fmt: skip
+            return
+        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts)
+        blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
+        _launch.launch_kernel(
+            self.up, (blocks * _launch.cdiv(inter, self.block_n),),
+            x_q, x_s, w1, scales.w1, h, hs_arg, amax_arg, sorted_ids, expert_ids, post_pad, numel, blocks,
+            inter, H, k, *x_q.stride(), *x_ss, *w1.stride(), *scales.w1_strides, *h.stride(), *up_tail, **opts,
+        )  # fmt: skip
+        h_q, h_s = intermediate()
+        h_ss = h_s.stride() if h_s.dim() == 2 else (0, 0)
+        down_head = (h_q, h_s, w2, scales.w2)
+        down_mid = (sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k, *h_q.stride(), *h_ss,
+                    *w2.stride(), *scales.w2_strides)  # fmt: skip
+        down_tail = (inter % self.down_block_k == 0, scales.scaling)
+        grid = (blocks * _launch.cdiv(H, self.down_block_n),)
+        if self.fuse_sum:
+            if out.dtype == torch.float32:
+                acc = out if compiling else out.zero_()
+            else:
+                acc = torch.zeros((T, H), dtype=torch.float32, device=dev)
+            _launch.launch_kernel(
+                self.down, grid, *down_head, acc, weights, *down_mid, *acc.stride(), *down_tail, **down_opts
+            )
+            if acc is not out and not compiling:
+                out.copy_(acc)
+            return
+        # One expert a token: its weighted row is the token's output.  With expert parallelism the
+        # rows of other ranks' experts are never written: they start at zero.
+        if k == 1:
+            rows = out.zero_() if ep and not compiling else out
+        else:
+            rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=dev)
+        _launch.launch_kernel(
+            self.down, grid, *down_head, rows, weights, *down_mid, *rows.stride(), *down_tail, **down_opts
+        )
+        if k > 1:
+            block_n = min(SUM_BLOCK, _launch.pow2ceil(H))
+            block_t = SUM_BLOCK // block_n
+            _launch.launch_kernel(
+                sum_rows, (_launch.cdiv(T, block_t), _launch.cdiv(H, block_n)),
+                rows, out, T, H, k, rows.stride(0), out.stride(0), out.stride(1),
+                BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
+            )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Fp8Bucket:
+    """One bucket of an FP8 policy: its name and its kernels."""
+
+    name: str
+    variant: Fp8Variant
+
+
+Fp8Policy = tuple[tuple[Fp8Bucket, ...], Callable[[int, int], Fp8Bucket]]
+
+
+# ---------------------------------------------------------------------------------------
+# Checks on a call and the entry point.
+
+
+def _check_fused_fp8(
+    x: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any, out: Any
+) -> tuple[int, int, int, int, int]:
+    """(T, H, I, E, k) of a valid fused_moe_fp8 call (its scales are checked apart)."""
+    op = "fused_moe_fp8"
+    x = tensor_arg(op, "hidden_states", x, 2)
+    T, H = x.shape
+    if x.dtype not in DTYPES:
+        fail(op, f"hidden_states must be float16, bfloat16 or float32 (the output's dtype), got {x.dtype}")
+    w1 = tensor_arg(op, "w1", w1, 3)
+    E, two_i, h1 = w1.shape
+    if h1 != H or two_i % 2:
+        fail(op, f"w1 must be [E, 2 * I, H] with H = {H} (hidden_states' columns), got {tuple(w1.shape)}")
+    w2 = tensor_arg(op, "w2", w2, 3)
+    if tuple(w2.shape) != (E, H, two_i // 2):
+        fail(op, f"w2 must be [E, H, I] = {(E, H, two_i // 2)} to match w1 {tuple(w1.shape)}, got {tuple(w2.shape)}")
+    if E == 0:
+        fail(op, "w1 and w2 have no experts")
+    for name, w in (("w1", w1), ("w2", w2)):
+        if w.dtype != FP8:
+            fail(op, f"{name} must be torch.float8_e4m3fn (w8a8 FP8), got {w.dtype}")
+    topk_weights = tensor_arg(op, "topk_weights", topk_weights, 2)
+    topk_ids = tensor_arg(op, "topk_ids", topk_ids, 2)
+    if topk_weights.shape[0] != T or topk_weights.shape[1] < 1:
+        fail(op, f"topk_weights must be [T, k] with T = {T} and k >= 1, got {tuple(topk_weights.shape)}")
+    if topk_ids.shape != topk_weights.shape:
+        fail(op, f"topk_ids must have topk_weights' shape {tuple(topk_weights.shape)}, got {tuple(topk_ids.shape)}")
+    if not topk_weights.is_floating_point():
+        fail(op, f"topk_weights must be a float tensor, got {topk_weights.dtype}")
+    index_tensor(op, "topk_ids", topk_ids)
+    if activation not in ACTIVATIONS:
+        fail(op, f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    named = [("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)]
+    if out is not None:
+        out = tensor_arg(op, "out", out, 2)
+        if tuple(out.shape) != (T, H):
+            fail(op, f"out must have shape {(T, H)}, got {tuple(out.shape)}")
+        if out.dtype != x.dtype:
+            fail(op, f"out must have hidden_states' dtype {x.dtype}, got {out.dtype}")
+        if H > 1 and T > 1 and (out.stride(1) != 1 or out.stride(0) < H):
+            fail(op, f"out must have unit column stride and rows that do not overlap, got strides {out.stride()}")
+        named.append(("out", out))
+    for name, t in named:
+        same_device(op, name, t, x, "hidden_states")
+    _launch.check_runnable(op, "hidden_states", x)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, topk_weights)):
+        fail(op, "an input requires grad, and the kernels have no backward")
+    return T, H, two_i // 2, E, topk_ids.shape[1]
+
+
+@dataclass(frozen=True)
+class MoEFp8(PolicyTables):
+    """fused_moe_fp8 of generated/moe.py over its FP8 tables (each served target's policy) and the
+    targets it does not serve (target -> the hardware feature they lack)."""
+
+    unserved: Mapping[str, str] = field(default_factory=dict)
+
+    def policy(self, dtype: Any, hw: Any, device: Any) -> Fp8Policy:
+        target = self.target_name(hw, device)
+        missing = self.unserved.get(target)
+        variant = self.variant_of_dtype[FP8]
+        if missing is not None:
+            served = sorted(self.policies[variant])
+            raise ValueError(
+                f"fused_moe_fp8: target {target!r} has no {missing} (specs/hardware/{target}.toml), which "
+                f"specs/kernels/moe.toml's moe_fp8_launch requires; served targets: {', '.join(served)}"
+            )
+        return self.policies[variant][target]  # type: ignore[return-value]
+
+    def fused_moe_fp8(
+        self,
+        x: Any,
+        w1: Any,
+        w2: Any,
+        topk_weights: Any,
+        topk_ids: Any,
+        *,
+        w1_scale: Any,
+        w2_scale: Any,
+        a1_scale: Any = None,
+        a2_scale: Any = None,
+        block_shape: Any = None,
+        activation: Any = "silu",
+        out: Any = None,
+        hw: Any = None,
+        expert_map: Any = None,
+        variant: Optional[Fp8Variant] = None,
+    ) -> torch.Tensor:
+        """The w8a8 FP8 MoE layer into out (or a new tensor), by the bucket's kernels for T and the
+        experts' intermediate size (or by ``variant``'s, for tests and benchmarks)."""
+        op = "fused_moe_fp8"
+        T, H, inter, E, k = _check_fused_fp8(x, w1, w2, topk_weights, topk_ids, activation, out)
+        scales = check_moe_scales(op, H, inter, E, w1_scale, w2_scale, a1_scale, a2_scale, block_shape, x.device)
+        if expert_map is not None:
+            expert_map = check_expert_map(op, expert_map, topk_ids, E)
+        if variant is None:
+            variant = self.policy(FP8, hw, x.device)[1](T, inter).variant
+        given = out is not None
+        if out is None:
+            out = torch.empty((T, H), dtype=x.dtype, device=x.device)
+        if T == 0 or H == 0:
+            return out
+        if inter == 0:
+            return out.zero_()
+        if _launch.FIRST_LAUNCH:
+            _launch.ready_triton()
+        weights = topk_weights.contiguous().view(-1)
+        ids = topk_ids.contiguous().view(-1)
+        with guarded(x):
+            if expert_map is not None:
+                ids = expert_map[ids.long()].to(torch.int32)
+            variant.run(x, w1, w2, weights, ids, out, ACTIVATIONS[activation], E, scales, expert_map is not None)
+        if given:
+            torch.autograd.graph.increment_version(out)
+        return out

@@ -1,0 +1,1044 @@
+"""The hand-written half of generated/moe.py: fused MoE's kernel bodies and host side.
+
+generated/moe.py holds what varies with the specs (per bucket config a pair of ``@triton.jit``
+kernels, up GEMM and down GEMM, that call a body below with its constants baked in; the bucket
+tables) and hands them to a ``MoE`` (below).  Kernel kinds (a bucket's ``kernel``):
+``grouped``, vLLM's structure (rows sorted and padded per expert to ``block_size_m``, the
+weighted rows summed by fp32 atomics where ``fuse_sum``, else by a reduce in slot order);
+``gemv``, decode without alignment (a row in a 16-row tensor-core tile, the down kernel one
+token a program, summing its k experts in slot order); ``simt``, decode on the CUDA cores
+(slabs of weights in registers, no padding rows: at one token 0.8x the gemv's time on an
+H200), ``chained`` as programmatic dependent launches on Hopper and later.
+
+Arithmetic is fp32; the activation is rounded once to the input dtype (as vLLM's intermediate
+cache), the output once.  Index arithmetic into the weights and the routed rows is 64-bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .. import launch as _launch
+from ..lookup import PolicyTables
+
+# Activations of the up GEMM's gate half, as vLLM's fused_moe names them (act_and_mul's ACT).
+# swigluoai is gpt-oss's: alpha 1.702, limit 7, and its w1 interleaves gate and up rows (row 2n
+# is gate column n, row 2n + 1 up column n), as vLLM's swigluoai_and_mul reads its input.
+ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
+_INDEX_DTYPES = (torch.int32, torch.int64)
+# Experts and top-k are held in one program's registers (padded to powers of two).
+_MAX_EXPERTS = 4096
+# Elements a program of the alignment kernels scans at a time, and of the reduce kernel sums
+# (up to 1024 columns of one token, or as many tokens as make 1024 elements).
+_ALIGN_BLOCK = 1024
+SUM_BLOCK = 1024
+# topk_softmax gives each token of a call of at most this many its own program (see there).
+TOPK_ONE_ROW_MAX_T = 64
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel bodies: generated/moe.py's specialized kernels call these with their constants.
+
+
+# Helpers are written out in each body rather than called: in Triton's interpreter (the CPU
+# tests) every call of a jit function costs more than the arithmetic it saves.  (The activation
+# epilogue is one call a program.)
+
+
+@triton.jit
+def act_and_mul(gate, up, ACT: tl.constexpr):
+    # The up GEMM's epilogue, fp32 (vLLM's activations; ACTIVATIONS numbers them).
+    if ACT == 0:
+        h = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
+    elif ACT == 1:
+        h = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up  # GELU (erf) * up
+    else:
+        # swigluoai (gpt-oss): gate clamped above at 7, up to [-7, 7];
+        # gate * sigmoid(1.702 * gate) * (up + 1).
+        gate = tl.minimum(gate, 7.0)
+        up = tl.minimum(tl.maximum(up, -7.0), 7.0)
+        h = gate / (1.0 + tl.exp(-1.702 * gate)) * (up + 1.0)
+    return h
+
+
+
+@triton.jit
+def grouped_up_body(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_m_blocks,
+                N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_hm,
+                stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    # h[row] = act(x[row // k] @ w[e, :N].T) * (x[row // k] @ w[e, N:].T) for the flat rows of
+    # one aligned block (one expert e), BLOCK_N columns of each half.  grid = (blocks * N tiles,).
+    # Grouped order: GROUP_M row blocks walked column by column, so consecutive programs share an
+    # expert's columns in L2 (a large call gives one expert several consecutive blocks).
+    group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    first_m = (tl.program_id(0) // group) * GROUP_M
+    group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (tl.program_id(0) % group) % group_m
+    pid_n = (tl.program_id(0) % group) // group_m
+    if pid_m * BLOCK_M < tl.load(post_pad_ptr):
+        tok = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = tok < numel  # padding rows hold numel
+        expert = tl.load(experts_ptr + pid_m).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = (offs_n % N).to(tl.int64)  # wrapped: every weight load is in bounds, stores masked
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = x_ptr + (tok // top_k).to(tl.int64)[:, None] * stride_xm + offs_k[None, :] * stride_xk
+        if ACT == 2:  # gpt-oss: gate and up rows interleaved
+            g_ptrs = w_ptr + expert * stride_we + (2 * cols)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+            u_ptrs = g_ptrs + stride_wn
+        else:
+            g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+            u_ptrs = g_ptrs + N * stride_wn
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                g = tl.load(g_ptrs)
+                u = tl.load(u_ptrs)
+            else:
+                k_ok = offs_k < K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+                u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+            acc_g = tl.dot(a, g, acc_g, input_precision=DOT_PREC)
+            acc_u = tl.dot(a, u, acc_u, input_precision=DOT_PREC)
+            a_ptrs += BLOCK_K * stride_xk
+            g_ptrs += BLOCK_K * stride_wk
+            u_ptrs += BLOCK_K * stride_wk
+        h = act_and_mul(acc_g, acc_u, ACT)
+        h_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_n[None, :] * stride_hn
+        tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def grouped_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel,
+                  num_m_blocks, N, K, top_k, stride_hm, stride_hk, stride_we, stride_wn, stride_wk,
+                  stride_om, stride_on, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  DOT_PREC: tl.constexpr, FUSE_SUM: tl.constexpr):
+    # weights[row] * (h[row] @ w[e].T) for the flat rows of one aligned block, BLOCK_N columns:
+    # FUSE_SUM adds it into out[row // k] (fp32, atomically), else writes out[row].
+    # Grouped order: GROUP_M row blocks walked column by column, so consecutive programs share an
+    # expert's columns in L2 (a large call gives one expert several consecutive blocks).
+    group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    first_m = (tl.program_id(0) // group) * GROUP_M
+    group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (tl.program_id(0) % group) % group_m
+    pid_n = (tl.program_id(0) % group) // group_m
+    if pid_m * BLOCK_M < tl.load(post_pad_ptr):
+        tok = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = tok < numel
+        expert = tl.load(experts_ptr + pid_m).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = (offs_n % N).to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
+        b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                b = tl.load(b_ptrs)
+            else:
+                k_ok = offs_k < K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
+            a_ptrs += BLOCK_K * stride_hk
+            b_ptrs += BLOCK_K * stride_wk
+        acc = acc * tl.load(weights_ptr + tok, mask=valid, other=0.0).to(tl.float32)[:, None]
+        mask = valid[:, None] & (offs_n < N)[None, :]
+        if FUSE_SUM:
+            o_ptrs = out_ptr + (tok // top_k).to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+            tl.atomic_add(o_ptrs, acc, mask=mask, sem="relaxed")
+        else:
+            o_ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+            tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gemv_up_body(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
+             stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+             EP: tl.constexpr = False):
+    # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1).
+    # The row is the first of a 16-row tile (the others masked to zero) so that the weight tiles
+    # feed tensor-core dots, which Triton pipelines num_stages deep: decode streams weights.
+    # EP (expert parallelism): a row whose id is -1 (an expert on another rank) loads nothing
+    # (its K loop is empty) and is not read by the down kernel.
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    lane = tl.arange(0, 16)[:, None]
+    first = lane == 0
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    k_end = K
+    if EP:
+        k_end = tl.where(expert >= 0, K, 0)
+        expert = tl.maximum(expert, 0)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + lane * 0 + offs_k[None, :] * stride_xk
+    if ACT == 2:  # gpt-oss: gate and up rows interleaved
+        g_ptrs = w_ptr + expert * stride_we + (2 * cols)[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        u_ptrs = g_ptrs + stride_wn
+    else:
+        g_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        u_ptrs = g_ptrs + N * stride_wn
+    acc_g = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_end, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=first, other=0.0)
+            g = tl.load(g_ptrs)
+            u = tl.load(u_ptrs)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
+            g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+            u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+        acc_g = tl.dot(a, g, acc_g, input_precision=DOT_PREC)
+        acc_u = tl.dot(a, u, acc_u, input_precision=DOT_PREC)
+        a_ptrs += BLOCK_K * stride_xk
+        g_ptrs += BLOCK_K * stride_wk
+        u_ptrs += BLOCK_K * stride_wk
+    h = act_and_mul(acc_g, acc_u, ACT)
+    h_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + offs_n[None, :] * stride_hn
+    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
+
+
+@triton.jit
+def gemv_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
+               stride_we, stride_wn, stride_wk, stride_om, stride_on, EVEN_K: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr,
+               EP: tl.constexpr = False):
+    # One token t per program (axis 0), BLOCK_N output columns (axis 1): the sum over its k
+    # experts of weight * (h[t * k + j] @ w[e].T), in slot order, in one flat loop over (j, K);
+    # the row padded to a 16-row tile as in gemv_up_body, each step's product weighted in fp32.
+    # The next step's expert id and weight are read a step ahead, so that the weight tile's
+    # address never waits on a load of the same step (T = 1, qwen36: 19.0 -> 17.8 us on an H200,
+    # exploration at commit cc8149c).
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    lane = tl.arange(0, 16)[:, None]
+    first = lane == 0
+    k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+    steps = top_k * k_tiles
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    expert = tl.load(ids_ptr + t * top_k).to(tl.int64)
+    weight = tl.load(weights_ptr + t * top_k).to(tl.float32)
+    for it in range(0, steps):
+        r = t * top_k + it // k_tiles
+        k0 = (it % k_tiles) * BLOCK_K
+        r_next = t * top_k + tl.minimum(it + 1, steps - 1) // k_tiles
+        expert_next = tl.load(ids_ptr + r_next).to(tl.int64)
+        weight_next = tl.load(weights_ptr + r_next).to(tl.float32)
+        a_ptrs = h_ptr + r.to(tl.int64) * stride_hm + lane * 0 + (k0 + offs_k)[None, :] * stride_hk
+        if EP:
+            # A slot of another rank's expert (id -1): nothing loaded, its weight 0.
+            here = expert >= 0
+            b_ptrs = w_ptr + tl.maximum(expert, 0) * stride_we + cols[None, :] * stride_wn
+            b_ptrs += (k0 + offs_k)[:, None] * stride_wk
+            k_ok = offs_k < tl.where(here, K - k0, 0)
+            a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            weight = tl.where(here, weight, 0.0)
+        else:
+            b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=first, other=0.0)
+                b = tl.load(b_ptrs)
+            else:
+                k_ok = offs_k < K - k0
+                a = tl.load(a_ptrs, mask=first & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc += weight * tl.dot(a, b, input_precision=DOT_PREC)
+        expert = expert_next
+        weight = weight_next
+    o_ptrs = out_ptr + t.to(tl.int64) * stride_om + lane * 0 + offs_n[None, :] * stride_on
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=first & (offs_n < N)[None, :])
+
+
+@triton.jit
+def simt_up_body(x_ptr, w_ptr, h_ptr, ids_ptr, N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn,
+             stride_wk, stride_hm, stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1,
+             EP: tl.constexpr = False):
+    # One flat row r = t * k + j per program (axis 0), BLOCK_N columns of each half (axis 1), on
+    # the CUDA cores: each step loads a BLOCK_N x BLOCK_K slab of both halves and multiplies it by
+    # the row elementwise into fp32 accumulators of the slab's shape, which are reduced over K
+    # once, at the end.  No padding rows: every byte loaded is a weight the row needs, and a
+    # program is small enough that several share an SM.  STAGES 1: each slab goes straight into
+    # registers, one step in flight; STAGES > 1: tl.range has Triton stage every load of the loop
+    # through shared memory by cp.async, STAGES - 1 steps ahead (on an H200 at one token, qwen36's
+    # 8 x 512 slabs at 3 stages with the down kernel at 2: 28.9 against 30.2 us,
+    # exploration at commit eefc4d2).  Addresses are base + k0, not pointers carried and
+    # advanced through the loop: unstaged on 256-element slab rows (the records that run so), 3-4 us
+    # less per layer at T = 1 and 4 on both shapes; on 512-element rows unstaged (no record) 1.8 us
+    # more (exploration at commit 5e75820).
+    # PDL (launched as a programmatic dependent launch): wait until the kernel before (the router)
+    # has finished and its writes are visible, then let the down kernel launch; nothing is read
+    # before the wait.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    expert = tl.load(ids_ptr + r).to(tl.int64)
+    k_end = K
+    if EP:
+        # A row of another rank's expert (id -1): an empty loop, nothing loaded (as gemv_up_body).
+        k_end = tl.where(expert >= 0, K, 0)
+        expert = tl.maximum(expert, 0)
+    a_ptrs = x_ptr + (r // top_k).to(tl.int64) * stride_xm + offs_k * stride_xk
+    if ACT == 2:  # gpt-oss: gate and up rows interleaved
+        g_ptrs = w_ptr + expert * stride_we + (2 * cols)[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        u_ptrs = g_ptrs + stride_wn
+    else:
+        g_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        u_ptrs = g_ptrs + N * stride_wn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(0, k_end, BLOCK_K, num_stages=STAGES):
+        if EVEN_K:
+            a = tl.load(a_ptrs + k0 * stride_xk)
+            g = tl.load(g_ptrs + k0 * stride_wk)
+            u = tl.load(u_ptrs + k0 * stride_wk)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs + k0 * stride_xk, mask=k_ok, other=0.0)
+            g = tl.load(g_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0)
+        a = a.to(tl.float32)[None, :]
+        acc_g += g.to(tl.float32) * a
+        acc_u += u.to(tl.float32) * a
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    h = act_and_mul(gate, up, ACT)
+    tl.store(h_ptr + r.to(tl.int64) * stride_hm + offs_n * stride_hn, h.to(h_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def simt_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, stride_hm, stride_hk,
+               stride_we, stride_wn, stride_wk, stride_om, stride_on, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr = 1,
+               EP: tl.constexpr = False):
+    # One token t per program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores: each
+    # step loads a K chunk of the BLOCK_N weight rows of all the token's k experts at once (a
+    # [KB, BLOCK_N, BLOCK_K] slab, KB = k padded to a power of two) and multiplies it by the k rows
+    # of h, reducing over the chunk into fp32 [KB, BLOCK_N] accumulators; the routing weights
+    # scale the k sums at the end, added in a fixed order (the same every run).  Against one
+    # expert a step, a program keeps k times the bytes in flight: alone at one token on an H200
+    # (4 x 128 chunks, 4 warps) 12.4 against 13.1 us (qwen36) and 12.1 against 17.1 us (128
+    # experts x 768) (exploration at commit 52e0da3).  STAGES 1: the next chunk is loaded
+    # into registers before this one is used; STAGES > 1: the loop after the first chunk is a
+    # tl.range of that depth (its loads staged through shared memory by cp.async, as simt_up_body's).
+    # PDL: the ids (written by the router, finished before the up kernel let this one launch; read
+    # past L1) and the first chunk are loaded before waiting for the up kernel, h after.
+    t = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = t * top_k + slot
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
+    if EP:
+        # Slots of another rank's experts (id -1) load nothing and weigh 0.
+        slot_ok = slot_ok & (experts >= 0)
+        experts = tl.maximum(experts, 0)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn + offs_k[None, None, :] * stride_wk
+    w_ok = slot_ok[:, None, None]
+    b = tl.load(w_ptrs, mask=w_ok & (offs_k < K)[None, None, :], other=0.0)
+    if PDL:
+        gdc_wait()
+    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    a_ptrs = h_ptr + flat.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
+    acc = tl.zeros((KB, BLOCK_N), dtype=tl.float32)
+    if STAGES == 1:
+        for k0 in range(0, K, BLOCK_K):
+            a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+            b_next = tl.load(w_ptrs + BLOCK_K * stride_wk, mask=w_ok & (offs_k < K - k0 - BLOCK_K)[None, None, :], other=0.0)
+            acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+            b = b_next
+            a_ptrs += BLOCK_K * stride_hk
+            w_ptrs += BLOCK_K * stride_wk
+    else:
+        a = tl.load(a_ptrs, mask=slot_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+        acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+            a = tl.load(a_ptrs + k0 * stride_hk, mask=slot_ok[:, None] & (offs_k < K - k0)[None, :], other=0.0)
+            b = tl.load(w_ptrs + k0 * stride_wk, mask=w_ok & (offs_k < K - k0)[None, None, :], other=0.0)
+            acc += tl.sum(b.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+    o = tl.sum(acc * weight[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n * stride_on, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels launched as they are: the reduce of unfused weighted rows, alignment, routing.
+
+
+@triton.jit(do_not_specialize=["T"])
+def sum_rows(rows_ptr, out_ptr, T, N, top_k, stride_rm, stride_om, stride_on, BLOCK_T: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    # out[t] = sum over j < k of rows[t * k + j], in slot order, fp32; BLOCK_T tokens and BLOCK_N
+    # columns a program: grid = (T tiles, N tiles).
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (t < T)[:, None] & (offs < N)[None, :]
+    row = t.to(tl.int64) * top_k
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    for j in range(0, top_k):
+        ptrs = rows_ptr + (row + j)[:, None] * stride_rm + offs[None, :]
+        acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    o_ptrs = out_ptr + t.to(tl.int64)[:, None] * stride_om + offs[None, :] * stride_on
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["numel"])
+def _align_count(ids_ptr, counts_ptr, numel, BLOCK: tl.constexpr):
+    # counts[e] = how many of the numel flat ids are e; one program per expert.
+    e = tl.program_id(0)
+    hits = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, numel, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)
+        hits += (ids == e).to(tl.int32)
+    tl.store(counts_ptr + e, tl.sum(hits, axis=0))
+
+
+@triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks"])
+def _align_scatter(ids_ptr, counts_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts,
+                   block_size, max_padded, max_blocks, E_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    # One program per expert e: its padded range starts after the padded counts of the experts
+    # before it; its flat ids go there in order (a running prefix sum over the ids), then its
+    # padding (numel) and its blocks' expert id.  Each program also fills 1/E of the tail past
+    # the padded total (numel in sorted ids, 0 in expert ids); program 0 stores the total.
+    e = tl.program_id(0)
+    ex = tl.arange(0, E_BLOCK)
+    counts = tl.load(counts_ptr + ex, mask=ex < num_experts, other=0)
+    padded = (counts + block_size - 1) // block_size * block_size
+    total = tl.sum(padded, axis=0)
+    start = tl.sum(tl.where(ex < e, padded, 0), axis=0)
+    count = tl.load(counts_ptr + e)
+    end = start + (count + block_size - 1) // block_size * block_size
+    lanes = tl.arange(0, BLOCK)
+    run = start
+    for s in range(0, numel, BLOCK):
+        offs = s + lanes
+        hit = (tl.load(ids_ptr + offs, mask=offs < numel, other=-1) == e).to(tl.int32)
+        tl.store(sorted_ptr + run + tl.cumsum(hit, axis=0) - hit, offs, mask=hit != 0)
+        run += tl.sum(hit, axis=0)
+    pad = tl.zeros((BLOCK,), dtype=tl.int32) + numel
+    for p in range(start + count, end, BLOCK):
+        tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < end)
+    mine = tl.zeros((BLOCK,), dtype=tl.int32) + e
+    for b in range(start // block_size, end // block_size, BLOCK):
+        tl.store(experts_ptr + b + lanes, mine, mask=b + lanes < end // block_size)
+    share = (max_padded - total + num_experts - 1) // num_experts
+    lo = total + e * share
+    hi = tl.minimum(lo + share, max_padded)
+    for p in range(lo, hi, BLOCK):
+        tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < hi)
+    first_block = total // block_size
+    share = (max_blocks - first_block + num_experts - 1) // num_experts
+    lo = first_block + e * share
+    hi = tl.minimum(lo + share, max_blocks)
+    for b in range(lo, hi, BLOCK):
+        tl.store(experts_ptr + b + lanes, tl.zeros((BLOCK,), dtype=tl.int32), mask=b + lanes < hi)
+    if e == 0:
+        tl.store(post_pad_ptr, total)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, stride_le,
+                         RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, E_BLOCK: tl.constexpr,
+                         K_BLOCK: tl.constexpr, TRIGGER: tl.constexpr, bias_ptr=None, topk_group=1,
+                         group_size=1, scale=1.0, SIGMOID: tl.constexpr = False,
+                         HAS_BIAS: tl.constexpr = False, GROUPS: tl.constexpr = 1,
+                         SCALED: tl.constexpr = False):
+    # BLOCK_T tokens per program: the E scores in fp32 (softmax over the logits, or SIGMOID of
+    # each), non-finite scores set to 0 (vLLM's rule: CUDA-graph padding rows give NaN logits,
+    # and NaN weights crashed serving), then the k largest, the lowest expert index first among
+    # equals.  Each score and its expert are one int64 key (the score's bits above, ordered as
+    # the scores are; E_BLOCK - 1 - expert below), and Triton's bitonic
+    # top-k keeps the K_BLOCK largest keys in one pass: per thread, then a few merges across
+    # threads, each moving K_BLOCK keys at once.  (Before: k rounds of a row-wide argmax and a
+    # removal.  At one token on an H200 the router took 5.5 against 5.9 us alone, and the chained
+    # layer 30.1 against 31.0 us (qwen36), 29.6 against 31.0 (128 experts x 768):
+    # exploration at commit 05ae135.)
+    # DeepSeek-V3's routing (vLLM's grouped_topk), each part a constexpr that compiles to nothing
+    # when off: HAS_BIAS adds bias[e] to the scores that choose (groups and experts), while the
+    # weights are the unbiased scores; GROUPS > 1 splits the experts into GROUPS groups of
+    # group_size, scores each group (its largest score; with a bias, the sum of its two largest
+    # biased scores), keeps the topk_group best groups (the lowest index first among equals) and
+    # chooses the k experts among theirs; SCALED multiplies the weights by scale (vLLM's
+    # routed_scaling_factor) after any renormalization.
+    # TRIGGER (Hopper and later): a kernel launched after this one as a programmatic dependent
+    # launch (fused_moe's chained up GEMM) may start now; it waits on the device for this kernel to
+    # finish before it reads.
+    if TRIGGER:
+        gdc_launch_dependents()
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ex = tl.arange(0, E_BLOCK)
+    in_t = rows < T
+    in_e = ex < E
+    row_ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_lt
+    x = tl.load(row_ptrs + ex[None, :] * stride_le, mask=in_t[:, None] & in_e[None, :], other=0.0).to(tl.float32)
+    if SIGMOID:
+        p = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        x = tl.where(in_e[None, :], x, float("-inf"))
+        row_max = tl.max(x, axis=1)
+        p = tl.exp(x - row_max[:, None])
+        row_sum = tl.sum(p, axis=1)
+        p = p / row_sum[:, None]
+    p = tl.where(tl.abs(p) < float("inf"), p, 0.0)  # NaN and +-Inf -> 0
+    choose = p
+    if HAS_BIAS:
+        choose = p + tl.load(bias_ptr + ex, mask=in_e, other=0.0).to(tl.float32)[None, :]
+    choose = tl.where(in_e[None, :], choose, float("-inf"))  # padding columns never picked
+    if GROUPS > 1:
+        grp = ex // group_size
+        gi = tl.arange(0, GROUPS)
+        gscore = tl.zeros((BLOCK_T, GROUPS), dtype=tl.float32)
+        for g in tl.static_range(GROUPS):
+            mine = (grp == g)[None, :]
+            s = tl.where(mine, choose, float("-inf"))
+            best = tl.max(s, axis=1)
+            if HAS_BIAS:
+                # The second largest: the largest once the first (lowest index) of the best is out.
+                first = tl.min(tl.where(s == best[:, None], ex[None, :], E_BLOCK), axis=1)
+                best += tl.max(tl.where(ex[None, :] == first[:, None], float("-inf"), s), axis=1)
+            gscore = tl.where(gi[None, :] == g, best[:, None], gscore)
+        # A group is kept when fewer than topk_group groups rank above it.
+        a = gscore[:, :, None]
+        b = gscore[:, None, :]
+        above = (b > a) | ((b == a) & (gi[None, None, :] < gi[None, :, None]))
+        kept = tl.sum(above.to(tl.int32), axis=2) < topk_group
+        allowed = tl.zeros((BLOCK_T, E_BLOCK), dtype=tl.int1)
+        for g in tl.static_range(GROUPS):
+            kept_g = tl.sum(tl.where(gi[None, :] == g, kept.to(tl.int32), 0), axis=1) > 0
+            allowed = allowed | ((grp == g)[None, :] & kept_g[:, None])
+        choose = tl.where(allowed, choose, float("-inf"))
+    bits = choose.to(tl.int32, bitcast=True)
+    if HAS_BIAS:
+        # Biased scores may be negative: flip the magnitude bits of negative ones, so that signed
+        # integer order is float order.  (Unbiased scores are >= 0, and -inf's bits are a negative
+        # integer: their bits order as they do.)
+        bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    keys = (bits.to(tl.int64) << 32) | (E_BLOCK - 1 - ex)[None, :].to(tl.int64)
+    if K_BLOCK == 1:
+        top = tl.max(keys, axis=1, keep_dims=True)  # Triton 3.6's tl.topk fails to compile at k = 1
+    else:
+        top = tl.topk(keys, K_BLOCK, dim=1)  # [BLOCK_T, K_BLOCK], largest first
+    idx = (E_BLOCK - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
+    kk = tl.arange(0, K_BLOCK)
+    if HAS_BIAS:
+        # The weights are the unbiased scores of the chosen experts, computed again as above.
+        xk = tl.load(row_ptrs + idx * stride_le, mask=in_t[:, None] & (kk < k)[None, :], other=0.0).to(tl.float32)
+        if SIGMOID:
+            vals = 1.0 / (1.0 + tl.exp(-xk))
+        else:
+            vals = tl.exp(xk - row_max[:, None]) / row_sum[:, None]
+        vals = tl.where(tl.abs(vals) < float("inf"), vals, 0.0)
+    else:
+        vals = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    if RENORMALIZE:
+        total = tl.sum(tl.where(kk[None, :] < k, vals, 0.0), axis=1)
+        vals = vals / tl.where(total > 0, total, 1.0)[:, None]  # all-zero (non-finite) rows stay 0
+    if SCALED:
+        vals = vals * scale
+    offs = rows.to(tl.int64)[:, None] * k + kk[None, :]
+    mask = in_t[:, None] & (kk < k)[None, :]
+    tl.store(weights_ptr + offs, vals, mask=mask)
+    tl.store(ids_ptr + offs, idx, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------
+# Records of the generated kernels and buckets.
+
+# The kernel kinds (a moe_launch record's ``kernel`` field, its choices in specs/kernels/moe.toml).
+KernelKind = Literal["grouped", "gemv", "simt"]
+
+@dataclass(frozen=True)
+class Variant:
+    """One pair of specialized kernels of generated/moe.py and the constants they were generated
+    with (``up``: the first GEMM with the activation, ``down``: the second with the weights)."""
+
+    up: Any
+    down: Any
+    kind: KernelKind
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    fuse_sum: bool
+    # The down GEMM's own tile and warps (the spec's down_* fields; equal to the up GEMM's unless
+    # the record says otherwise).
+    down_block_n: int
+    down_block_k: int
+    down_num_warps: int
+    # The down GEMM's pipelining depth (the spec's down_num_stages; the up GEMM's unless the record
+    # says otherwise).
+    down_num_stages: int
+    # simt: both GEMMs launched as programmatic dependent launches where the device has them.
+    chained: bool
+
+    @property
+    def name(self) -> str:
+        return self.up.__name__.removesuffix("_up")
+
+    def run(
+        self,
+        x: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        out: torch.Tensor,
+        act: int,
+        num_experts: int,
+        ep: bool = False,
+    ) -> None:
+        """out[t] = sum_j weights[t, j] * act-and-mul(x[t] @ w1[e].T) @ w2[e].T, e = ids[t, j],
+        for checked, non-empty operands (``weights`` and ``ids`` flat and contiguous).  ``ep``:
+        ids may be -1 (an expert on another rank; expert parallelism), and such rows are skipped
+        and add nothing; the gemv and simt kernels are then their EP specialization, the grouped
+        ones are unchanged (alignment leaves those rows out)."""
+        T, H = x.shape
+        inter = w2.shape[2]
+        numel = weights.numel()
+        k = numel // T
+        h = torch.empty((numel, inter), dtype=x.dtype, device=x.device)
+        # simt's loops set their own depth (tl.range, the STAGES its wrappers pass), so its
+        # launches leave Triton's kernel-wide one at 1.
+        simt = self.kind == "simt"
+        opts = dict(num_warps=self.num_warps, num_stages=1 if simt else self.num_stages)
+        down_opts = dict(num_warps=self.down_num_warps, num_stages=1 if simt else self.down_num_stages)
+        if self.kind in ("gemv", "simt"):
+            # One routed row a program (up), one token a program (down).  simt's down kernel takes
+            # the padded expert count; gemv's whether its K steps divide I.  Chained (simt): the up
+            # kernel waits on the device for the kernel before it (the router) and releases the
+            # down kernel as it starts; the down kernel loads its first weights, then waits for the
+            # up kernel.  Each launch returns at once; nothing syncs with the host.
+            chain: dict[str, Any] = {"EP": ep}
+            down_last: dict[str, Any] = {"EVEN_K": inter % self.down_block_k == 0}
+            if simt:
+                pdl = self.chained and _launch.programmatic(x)
+                chain = dict(PDL=pdl, EP=ep, **({"launch_pdl": True} if pdl else {}))
+                down_last = {"KB": _launch.pow2ceil(k)}
+            _launch.launch_kernel(
+                self.up, (numel, _launch.cdiv(inter, self.block_n)),
+                x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
+                act, H % self.block_k == 0, **chain, **opts,
+            )  # fmt: skip
+            _launch.launch_kernel(
+                self.down, (T, _launch.cdiv(H, self.down_block_n)),
+                h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
+                **down_last, **chain, **down_opts,
+            )  # fmt: skip
+            return
+        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts)
+        # Row blocks that can hold rows: each expert's full blocks, plus one partial block for
+        # each expert that has any.  Past it (and past post_pad) nothing is launched or done.
+        blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
+        _launch.launch_kernel(
+            self.up, (blocks * _launch.cdiv(inter, self.block_n),),
+            x, w1, h, sorted_ids, expert_ids, post_pad, numel, blocks, inter, H, k,
+            x.stride(0), x.stride(1), *w1.stride(), *h.stride(), act, H % self.block_k == 0, **opts,
+        )  # fmt: skip
+        grid = (blocks * _launch.cdiv(H, self.down_block_n),)
+        if self.fuse_sum:
+            # In warm-up's compile-only scope nothing runs, and out is left as it was.
+            compiling = _launch.compiling()
+            if out.dtype == torch.float32:
+                acc = out if compiling else out.zero_()
+            else:
+                acc = torch.zeros((T, H), dtype=torch.float32, device=x.device)
+            _launch.launch_kernel(
+                self.down, grid,
+                h, w2, acc, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
+                *h.stride(), *w2.stride(), *acc.stride(), inter % self.down_block_k == 0, **down_opts,
+            )  # fmt: skip
+            if acc is not out and not compiling:
+                out.copy_(acc)
+            return
+        # One expert a token: its weighted row is the token's output.  With expert parallelism the
+        # rows of other ranks' experts are never written: they start at zero.
+        if k == 1:
+            rows = out.zero_() if ep and not _launch.compiling() else out
+        else:
+            rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=x.device)
+        _launch.launch_kernel(
+            self.down, grid,
+            h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
+            *h.stride(), *w2.stride(), *rows.stride(), inter % self.down_block_k == 0, **down_opts,
+        )  # fmt: skip
+        if k > 1:
+            block_n = min(SUM_BLOCK, _launch.pow2ceil(H))
+            block_t = SUM_BLOCK // block_n
+            _launch.launch_kernel(
+                sum_rows, (_launch.cdiv(T, block_t), _launch.cdiv(H, block_n)),
+                rows, out, T, H, k, rows.stride(0), out.stride(0), out.stride(1),
+                BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
+            )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket of a policy: its name and its kernels."""
+
+    name: str
+    variant: Variant
+
+
+# A target's policy for one dtype: its buckets in order, and the function that picks one for a
+# call's shape (T tokens, experts of intermediate size I).
+Policy = tuple[tuple[Bucket, ...], Callable[[int, int], Bucket]]
+
+
+# ---------------------------------------------------------------------------------------
+# Checks on a call (every problem a ValueError naming the argument).
+
+
+def fail(op: str, message: str) -> None:
+    raise ValueError(f"{op}: {message}")
+
+
+def tensor_arg(op: str, name: str, t: Any, dims: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        fail(op, f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        fail(op, f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    return t
+
+
+def same_device(op: str, name: str, t: torch.Tensor, first: torch.Tensor, first_name: str) -> None:
+    if t.device != first.device:
+        fail(op, f"{name} is on {t.device} but {first_name} is on {first.device}")
+
+
+def index_tensor(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in _INDEX_DTYPES:
+        fail(op, f"{name} must be int32 or int64, got {t.dtype}")
+
+
+def _experts_count(op: str, name: str, n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= _MAX_EXPERTS:
+        fail(op, f"{name} must be an int from 1 to {_MAX_EXPERTS}, got {n!r}")
+    return n
+
+
+def _check_fused(
+    x: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any, out: Any, dtypes: Any
+) -> tuple[int, int, int, int, int]:
+    """(T, H, I, E, k) of a valid fused_moe call."""
+    op = "fused_moe"
+    x = tensor_arg(op, "hidden_states", x, 2)
+    T, H = x.shape
+    if x.dtype not in dtypes:
+        fail(op, f"hidden_states must be float16, bfloat16 or float32, got {x.dtype}")
+    w1 = tensor_arg(op, "w1", w1, 3)
+    E, two_i, h1 = w1.shape
+    if h1 != H or two_i % 2:
+        fail(op, f"w1 must be [E, 2 * I, H] with H = {H} (hidden_states' columns), got {tuple(w1.shape)}")
+    w2 = tensor_arg(op, "w2", w2, 3)
+    if tuple(w2.shape) != (E, H, two_i // 2):
+        fail(op, f"w2 must be [E, H, I] = {(E, H, two_i // 2)} to match w1 {tuple(w1.shape)}, got {tuple(w2.shape)}")
+    if E == 0:
+        fail(op, "w1 and w2 have no experts")
+    for name, w in (("w1", w1), ("w2", w2)):
+        if w.dtype != x.dtype:
+            fail(op, f"{name} must have hidden_states' dtype {x.dtype}, got {w.dtype}")
+    topk_weights = tensor_arg(op, "topk_weights", topk_weights, 2)
+    topk_ids = tensor_arg(op, "topk_ids", topk_ids, 2)
+    if topk_weights.shape[0] != T or topk_weights.shape[1] < 1:
+        fail(op, f"topk_weights must be [T, k] with T = {T} and k >= 1, got {tuple(topk_weights.shape)}")
+    if topk_ids.shape != topk_weights.shape:
+        fail(op, f"topk_ids must have topk_weights' shape {tuple(topk_weights.shape)}, got {tuple(topk_ids.shape)}")
+    if not topk_weights.is_floating_point():
+        fail(op, f"topk_weights must be a float tensor, got {topk_weights.dtype}")
+    index_tensor(op, "topk_ids", topk_ids)
+    if activation not in ACTIVATIONS:
+        fail(op, f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    named = [("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)]
+    if out is not None:
+        out = tensor_arg(op, "out", out, 2)
+        if tuple(out.shape) != (T, H):
+            fail(op, f"out must have shape {(T, H)}, got {tuple(out.shape)}")
+        if out.dtype != x.dtype:
+            fail(op, f"out must have hidden_states' dtype {x.dtype}, got {out.dtype}")
+        if H > 1 and T > 1 and (out.stride(1) != 1 or out.stride(0) < H):
+            fail(op, f"out must have unit column stride and rows that do not overlap, got strides {out.stride()}")
+        named.append(("out", out))
+    for name, t in named:
+        same_device(op, name, t, x, "hidden_states")
+    _launch.check_runnable(op, "hidden_states", x)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, w1, w2, topk_weights)):
+        fail(op, "an input requires grad, and the kernels have no backward")
+    return T, H, two_i // 2, E, topk_ids.shape[1]
+
+
+def check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_experts: Optional[int]) -> torch.Tensor:
+    """A checked expert map: [global experts] int32/int64 on topk_ids' device, each entry a local
+    expert id or -1 (entries are not range-checked: that would take a device sync)."""
+    m = tensor_arg(op, "expert_map", expert_map, 1)
+    index_tensor(op, "expert_map", m)
+    same_device(op, "expert_map", m, topk_ids, "topk_ids")
+    if m.shape[0] < 1:
+        fail(op, "expert_map is empty: it maps each global expert id to this rank's id, or -1")
+    if local_experts is not None and m.shape[0] < local_experts:
+        fail(op, f"expert_map has {m.shape[0]} global experts, fewer than the {local_experts} of w1 and w2")
+    return m
+
+
+def guarded(t: torch.Tensor):
+    """A context that launches on ``t``'s device when it is not the current one."""
+    if t.is_cuda and torch.cuda.device_count() > 1 and t.get_device() != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _NoGuard()
+
+
+class _NoGuard:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Alignment and routing (no policy: one launch shape for every target).
+
+
+def align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Checked, flat, contiguous ids.
+    numel = ids.numel()
+    max_padded = numel + num_experts * (block_size - 1)
+    max_blocks = _launch.cdiv(max_padded, block_size)
+    device = ids.device
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
+    post_pad = torch.empty(1, dtype=torch.int32, device=device)
+    counts = torch.empty(num_experts, dtype=torch.int32, device=device)
+    if _launch.FIRST_LAUNCH:
+        _launch.ready_triton()
+    _launch.launch_kernel(_align_count, (num_experts,), ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
+    _launch.launch_kernel(
+        _align_scatter, (num_experts,),
+        ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
+        E_BLOCK=_launch.pow2ceil(num_experts), BLOCK=_ALIGN_BLOCK, num_warps=4,
+    )  # fmt: skip
+    return sorted_ids, expert_ids, post_pad
+
+
+def moe_align_block_size(
+    topk_ids: Any, block_size_m: Any, num_experts: Any, *, expert_map: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's moe_align_block_size; generated/moe.py's docstring says what it returns."""
+    op = "moe_align_block_size"
+    if not isinstance(topk_ids, torch.Tensor):
+        fail(op, f"topk_ids must be a tensor, got {type(topk_ids).__name__}")
+    index_tensor(op, "topk_ids", topk_ids)
+    if isinstance(block_size_m, bool) or not isinstance(block_size_m, int) or block_size_m < 1:
+        fail(op, f"block_size_m must be a positive int, got {block_size_m!r}")
+    _experts_count(op, "num_experts", num_experts)
+    if topk_ids.numel() >= 2**31 - num_experts * block_size_m:
+        fail(op, f"topk_ids has {topk_ids.numel():,} elements; the int32 sorted ids need fewer")
+    if expert_map is not None:
+        expert_map = check_expert_map(op, expert_map, topk_ids, None)
+        if expert_map.shape[0] != num_experts:
+            fail(op, f"expert_map must have num_experts = {num_experts} entries, got {expert_map.shape[0]}")
+    _launch.check_runnable(op, "topk_ids", topk_ids)
+    with guarded(topk_ids):
+        sorted_ids, expert_ids, post_pad = align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
+        if expert_map is not None:
+            # As vLLM: every block's global expert through the map, -1 for another rank's.
+            expert_ids = expert_map[expert_ids.long()].to(torch.int32)
+        return sorted_ids, expert_ids, post_pad
+
+
+def topk_softmax(gating_logits: Any, k: Any, renormalize: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's topk_softmax; generated/moe.py's docstring says what it returns."""
+    return _route("topk_softmax", gating_logits, k, renormalize, "softmax", None, 1, 1, 1.0)
+
+
+# Router scorings, as vLLM's grouped_topk names them.
+SCORINGS = ("softmax", "sigmoid")
+
+
+def grouped_topk(
+    gating_logits: Any,
+    k: Any,
+    renormalize: Any,
+    *,
+    scoring_func: Any = "softmax",
+    e_score_correction_bias: Any = None,
+    num_expert_group: Any = 1,
+    topk_group: Any = 1,
+    routed_scaling_factor: Any = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's grouped_topk (DeepSeek-V3's routing); generated/moe.py's docstring says what it returns."""
+    return _route(
+        "grouped_topk", gating_logits, k, renormalize, scoring_func, e_score_correction_bias,
+        num_expert_group, topk_group, routed_scaling_factor,
+    )  # fmt: skip
+
+
+def _positive_int(op: str, name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        fail(op, f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def _route(
+    op: str, gating_logits: Any, k: Any, renormalize: Any, scoring: Any, bias: Any, groups: Any, topk_group: Any,
+    scale: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x = tensor_arg(op, "gating_logits", gating_logits, 2)
+    if not x.is_floating_point():
+        fail(op, f"gating_logits must be a float tensor, got {x.dtype}")
+    T, E = x.shape
+    _experts_count(op, "gating_logits' columns (experts)", E)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= E:
+        fail(op, f"k must be an int from 1 to the {E} experts, got {k!r}")
+    if not isinstance(renormalize, bool):
+        fail(op, f"renormalize must be a bool, got {renormalize!r}")
+    if scoring not in SCORINGS:
+        fail(op, f"scoring_func must be one of {list(SCORINGS)}, got {scoring!r}")
+    groups = _positive_int(op, "num_expert_group", groups)
+    topk_group = _positive_int(op, "topk_group", topk_group)
+    if E % groups or groups & (groups - 1):
+        fail(op, f"num_expert_group must be a power of two dividing the {E} experts, got {groups}")
+    if topk_group > groups:
+        fail(op, f"topk_group must be at most num_expert_group {groups}, got {topk_group}")
+    if k > topk_group * (E // groups):
+        fail(op, f"k {k} is more than the {topk_group * (E // groups)} experts of topk_group {topk_group} groups")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        fail(op, f"routed_scaling_factor must be a finite number, got {scale!r}")
+    if bias is not None:
+        bias = tensor_arg(op, "e_score_correction_bias", bias, 1)
+        if bias.shape[0] != E or not bias.is_floating_point():
+            fail(
+                op,
+                f"e_score_correction_bias must be a float tensor of shape ({E},), got {bias.dtype} {tuple(bias.shape)}",
+            )
+        same_device(op, "e_score_correction_bias", bias, x, "gating_logits")
+        if E > 1 and bias.stride(0) != 1:
+            bias = bias.contiguous()
+    _launch.check_runnable(op, "gating_logits", x)
+    weights = torch.empty((T, k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((T, k), dtype=torch.int32, device=x.device)
+    if T == 0:
+        return weights, ids
+    e_block = _launch.pow2ceil(E)
+    # Up to 64 tokens a call (decode), one token a program: at T = 1 and 4 (256 experts, top-8) 9.9 ->
+    # 6.0 us a call against 16-token, 4-warp tiles on an H200, where the tile's cross-warp
+    # reductions were most of the time (exploration at commit cc8149c, the k-round
+    # top-k).  A warp per 128 experts (4 logits a lane), up to 4: with the one-pass top-k, 256
+    # experts on 2 warps took the router 5.3 against 5.6 us and the chained layer at T = 1 about
+    # 0.4 us less than on one; 128 experts gained nothing from a second
+    # (exploration at commit 03e74a8).  Larger calls keep the tiles of up to 4,096 logits.
+    small = T <= TOPK_ONE_ROW_MAX_T
+    block_t = 1 if small else max(1, min(64, 4096 // e_block))
+    warps = min(4, max(1, e_block // 128)) if small else 4
+    # The DeepSeek-V3 parts only where asked: the plain softmax router launches as it always did.
+    extra: dict[str, Any] = {}
+    if scoring == "sigmoid":
+        extra["SIGMOID"] = True
+    if bias is not None:
+        extra.update(bias_ptr=bias, HAS_BIAS=True)
+    if groups > 1:
+        extra.update(topk_group=topk_group, group_size=E // groups, GROUPS=groups)
+    if scale != 1.0:
+        extra.update(scale=float(scale), SCALED=True)
+    if _launch.FIRST_LAUNCH:
+        _launch.ready_triton()
+    with guarded(x):
+        _launch.launch_kernel(
+            _topk_softmax_kernel, (_launch.cdiv(T, block_t),),
+            x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
+            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch.pow2ceil(k),
+            TRIGGER=_launch.programmatic(x), num_warps=warps, **extra,
+        )  # fmt: skip
+    return weights, ids
+
+
+# ---------------------------------------------------------------------------------------
+# The entry points over one generated module's tables.
+
+
+@dataclass(frozen=True)
+class MoE(PolicyTables):
+    """fused_moe, buckets and select of generated/moe.py, over its tables (each target's
+    ``Policy`` per variant); ``fp8``: fused_moe_fp8's (policy_runtime.moe_fp8.MoEFp8), which
+    serve the dtype float8_e4m3fn."""
+
+    fp8: Any = None
+
+    def policy(self, dtype: torch.dtype, hw: Any, device: Any) -> Policy:
+        if self.fp8 is not None and dtype == torch.float8_e4m3fn:
+            return self.fp8.policy(dtype, hw, device)
+        if dtype not in self.variant_of_dtype:
+            fail("fused_moe", f"dtype must be float16, bfloat16 or float32, got {dtype}")
+        return super().policy(dtype, hw, device)
+
+    def select(self, T: int, I: int, dtype: torch.dtype, hw: Any, device: Any) -> Bucket:
+        return self.policy(dtype, hw, device)[1](T, I)
+
+    def fused_moe(
+        self,
+        x: Any,
+        w1: Any,
+        w2: Any,
+        topk_weights: Any,
+        topk_ids: Any,
+        activation: Any,
+        out: Any,
+        hw: Any,
+        variant: Optional[Variant] = None,
+        expert_map: Any = None,
+    ) -> torch.Tensor:
+        """The fused MoE layer into out (or a new tensor), by the bucket's kernels for T and the
+        experts' intermediate size (or by ``variant``'s, for tests and benchmarks)."""
+        T, H, inter, E, k = _check_fused(x, w1, w2, topk_weights, topk_ids, activation, out, self.variant_of_dtype)
+        if expert_map is not None:
+            expert_map = check_expert_map("fused_moe", expert_map, topk_ids, E)
+        if variant is None:
+            variant = self.policy(x.dtype, hw, x.device)[1](T, inter).variant
+        given = out is not None
+        if out is None:
+            out = torch.empty((T, H), dtype=x.dtype, device=x.device)
+        if T == 0 or H == 0:
+            return out
+        if inter == 0:
+            return out.zero_()
+        if _launch.FIRST_LAUNCH:
+            _launch.ready_triton()
+        weights = topk_weights.contiguous().view(-1)
+        ids = topk_ids.contiguous().view(-1)
+        with guarded(x):
+            if expert_map is not None:
+                # Global ids to this rank's (-1: another rank's expert), one gather on the device.
+                ids = expert_map[ids.long()].to(torch.int32)
+            variant.run(x, w1, w2, weights, ids, out, ACTIVATIONS[activation], E, expert_map is not None)
+        if given:
+            # A write autograd did not see: saved tensors that alias out now fail backward loudly.
+            torch.autograd.graph.increment_version(out)
+        return out

@@ -1,0 +1,158 @@
+"""What a family's warm-up driver builds its calls with (hand-written).
+
+A driver (``policy_runtime/<family>/warmup.py``) lists ``Call``s for the ``Options`` of one
+warm-up and runs one call on tensors from ``empty``; the launch plans of a memory-bound kernel
+over token counts come from ``launch_plans``, a bucketed kernel's token counts from
+``bucket_counts``.
+
+Argument classes (Triton specializes on tensors' dtypes and 16-byte alignment, on integers equal
+to 1 or divisible by 16, on constants): what a serving call of the models in
+``generated.dispatch.MODEL_DIMS`` (all, or ``models``) passes, tensors 16-byte aligned as torch
+allocates them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .. import launch as _launch
+
+__all__ = [
+    "DTYPES",
+    "DTYPE_ALIASES",
+    "DEFAULT_DTYPES",
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_MAX_TOKENS",
+    "Options",
+    "Call",
+    "torch_dtype",
+    "device",
+    "empty",
+    "token_counts",
+    "launch_plans",
+    "plan_text",
+    "bucket_counts",
+]
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+DEFAULT_DTYPES = ("bfloat16", "float16")
+# vLLM's default KV-cache block size: the paged-decode kernel's BLOCK_SIZE constant.
+DEFAULT_BLOCK_SIZE = 16
+# Token counts searched exhaustively for launch plans and buckets (larger ones are sampled).
+DEFAULT_MAX_TOKENS = 16384
+
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one warm-up covers; picklable (worker processes get it)."""
+
+    target: str
+    dtypes: tuple[str, ...]
+    # Model name -> its dimensions (generated.dispatch.MODEL_DIMS), for the models asked.
+    models: dict[str, dict[str, int]] = field(hash=False)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    # "first": each representative call's smallest shape; "other": another shape of the same
+    # bucket and plan (a new M, token count or length: what bench/warmup.py calls for real after).
+    pick: str = "first"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One representative call: ``op`` of a module's driver with ``args`` (plain data)."""
+
+    module: str
+    op: str
+    args: tuple
+    # What it stands for, most general first: ("matmul", "matmul_16bit", "decode", "bfloat16", "b row-major").
+    covers: tuple[str, ...]
+    # Relative compile cost of its kernels (tensor-core GEMMs 3, memory-bound kernels 1): the
+    # heaviest are compiled first.
+    weight: int = 1
+
+    def describe(self) -> str:
+        return f"{self.module.rsplit('.', 1)[-1]}: {' '.join(self.covers)} {self.args}"
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return DTYPES[name]
+
+
+def device() -> torch.device:
+    if _launch.INTERPRET:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "there is no GPU here (torch sees no CUDA device): warm-up and its plan run the calls on one; "
+            "TRITON_INTERPRET=1 plans them on the CPU"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
+def token_counts(max_tokens: int, limit: int = 2**22) -> list[int]:
+    """Token counts looked at for launch plans and buckets: every one up to max_tokens, then
+    powers of two, their neighbours and three times them, up to ``limit``."""
+    extra = set()
+    for j in range(limit.bit_length()):
+        for n in (2**j - 1, 2**j, 2**j + 1, 3 * 2**j):
+            if max_tokens < n <= limit:
+                extra.add(n)
+    return list(range(1, max_tokens + 1)) + sorted(extra)
+
+
+def _plan_key(p: Any) -> tuple:
+    return (p.kernel.__name__, p.consts, p.num_warps, p.info)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan_pieces(planner: Callable[..., Any], rest: tuple, max_tokens: int) -> tuple[tuple[tuple, int, int], ...]:
+    """The distinct launch plans of ``planner(n, *rest)`` over the token counts, in order of
+    first appearance: (plan key, first n, another n with that plan or the first again).  Those
+    that first appear past max_tokens (at the sampled counts) come last."""
+    seen: dict[tuple, list[int]] = {}
+    for n in token_counts(max_tokens):
+        ns = seen.setdefault(_plan_key(planner(n, *rest)), [])
+        if len(ns) < 2:
+            ns.append(n)
+    return tuple((key, ns[0], ns[-1]) for key, ns in seen.items())
+
+
+def launch_plans(
+    opts: Options, notes: list[str], what: str, planner: Callable[..., Any], *rest: Any
+) -> list[tuple[tuple, int]]:
+    """The plans to warm: one token count each (the first, or with pick "other" another).  A
+    plan first seen past max_tokens is noted, not called (its tensors could be huge)."""
+    out = []
+    for key, first, other in _plan_pieces(planner, rest, opts.max_tokens):
+        if first > opts.max_tokens:
+            notes.append(f"{what}: plan {plan_text(key)} first appears at {first} tokens, past max_tokens: not warmed")
+        else:
+            out.append((key, other if opts.pick == "other" and other <= opts.max_tokens else first))
+    return out
+
+
+def plan_text(key: tuple) -> str:
+    kernel, consts, warps, info = key
+    return f"{kernel}{list(consts)} w{warps}" + (f" info={info}" if info is not None else "")
+
+
+def bucket_counts(select: Callable[[int], Any], buckets: Sequence[Any], opts: Options) -> dict[int, int]:
+    """Bucket index -> a token count it serves (the first, or with pick "other" the next one)."""
+    found: dict[int, list[int]] = {}
+    index = {id(b): i for i, b in enumerate(buckets)}
+    for t in token_counts(opts.max_tokens, 2**16):
+        ts = found.setdefault(index[id(select(t))], [])
+        if len(ts) < 2:
+            ts.append(t)
+    return {i: ts[-1] if opts.pick == "other" else ts[0] for i, ts in found.items()}
+
