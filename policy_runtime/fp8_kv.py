@@ -1,5 +1,5 @@
 """FP8 KV cache: vLLM's ``kv_cache_dtype="fp8"`` semantics, shared by the cache write
-(policy_runtime/cache.py) and the attention kernels that read it (policy_runtime/attention.py).
+(policy_runtime/cache/ops.py) and the attention kernels that read it (policy_runtime/attention/ops.py).
 
 A cache of ``torch.float8_e4m3fn`` holds ``saturate(x / scale)`` rounded to nearest even (vLLM's
 ``__nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, E4M3)``), one scale per tensor: ``k_scale`` for

@@ -1,4 +1,4 @@
-"""What the families' tuning harnesses (``policy_runtime/<family>_tune.py``, named by each
+"""What the families' tuning harnesses (``policy_runtime/<family>/tune.py``, named by each
 spec's ``[<config>.tune] harness``) share.
 
 A harness runs a candidate record through the family's own launchers, on the kernel body the

@@ -211,7 +211,7 @@ def fp8_grouped_up_body(
     GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
 ):
-    # policy_runtime/moe.py's _grouped_up on e4m3 operands: one aligned block of one expert's rows,
+    # policy_runtime/moe/ops.py's grouped_up_body on e4m3 operands: one aligned block of one expert's rows,
     # BLOCK_N columns of each half of w1, grouped order.  SCALING 0: the accumulated tiles times
     # xs[0] * ws[e]; 1: each K step's products times xs[row, kb] and ws[e, n // 128, kb] (n the
     # weight row: gate and up halves have their own blocks).
@@ -310,7 +310,7 @@ def fp8_grouped_down_body(
     FUSE_SUM: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
 ):
-    # policy_runtime/moe.py's _grouped_down on e4m3 operands: weights[row] * (h[row] @ w[e].T) for
+    # policy_runtime/moe/ops.py's grouped_down_body on e4m3 operands: weights[row] * (h[row] @ w[e].T) for
     # one aligned block, scaled as fp8_grouped_up_body (h's scale hs[0] or hs[row, kb]); FUSE_SUM adds
     # it into out[row // k] (fp32, atomically), else writes out[row].
     group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
@@ -397,7 +397,7 @@ def fp8_simt_up_body(
     EP: tl.constexpr = False,
 ):
     # One flat row r = t * k + j a program (axis 0), BLOCK_N columns of each half (axis 1), on the
-    # CUDA cores (policy_runtime/moe.py's _simt_up on one-byte weights): each step a BLOCK_N x
+    # CUDA cores (policy_runtime/moe/ops.py's simt_up_body on one-byte weights): each step a BLOCK_N x
     # BLOCK_K slab of both halves times the row (e4m3 values, products exact in fp32) into fp32
     # accumulators of the slab's shape, reduced over K at the end.  SCALING 1 scales each step's
     # products by the row's group scale and the slab rows' block scales; 0 the sums by xs[0] *
