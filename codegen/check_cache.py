@@ -14,7 +14,8 @@ importing the compiler when all of these are byte for byte what they were then:
 
 Anything else (a link or a FIFO in those folders, a folder missing, an unreadable file or entry,
 an entry written by another codegen) runs the full check.  Only a check that passed (exit 0) is
-remembered, and only when nothing changed while it ran; ``CODEGEN_CACHE_DIR=""`` disables it.
+remembered, and only when nothing changed while it ran; ``codegen build`` remembers the check of
+what it wrote (the pre-commit hook's check follows a build).  ``CODEGEN_CACHE_DIR=""`` disables it.
 """
 
 from __future__ import annotations
@@ -74,19 +75,19 @@ def _walk(h: "hashlib._Hash", folder: Path, label: str) -> None:
             raise _Uncacheable(entry.path)
 
 
-def fingerprint(root: Path) -> str | None:
-    """A hash of the folders a check reads and writes, codegen's source and the interpreter;
-    None when one of them is something the cache does not reason about."""
+def fingerprint(root: Path, outputs: bool = True) -> str | None:
+    """A hash of the folders a check reads (``outputs``: and compares), codegen's source and the
+    interpreter; None when one of them is something the cache does not reason about."""
     h = hashlib.sha256()
-    h.update(f"{FORMAT}\0{sys.version}\0{sys.executable}\0{sys.path!r}\0{root}\0".encode())
+    h.update(f"{FORMAT}\0{sys.version}\0{sys.executable}\0{sys.path!r}\0{root}\0{outputs}\0".encode())
     folders = [
         ("codegen", Path(__file__).resolve().parent),
         ("packaged-templates", locations.packaged_templates()),
         ("templates", root / "templates"),
         ("specs", root / "specs"),
-        ("generated", root / "generated"),
-        ("schemas", root / "schemas"),
     ]
+    if outputs:
+        folders += [("generated", root / "generated"), ("schemas", root / "schemas")]
     try:
         for label, folder in folders:
             if label == "templates" and not os.path.lexists(folder):

@@ -78,6 +78,21 @@ def test_a_passing_check_is_remembered(tmp_path, cache, check):
     assert any(path.endswith("codegen/render.py") and sig.startswith("sha256 ") for path, sig in deps.items())
 
 
+def test_a_build_remembers_the_check_of_what_it_wrote(tmp_path, cache, check):
+    """The pre-commit hook's check follows a build: the build's own check of its output (from the
+    stamps) is the entry, and says what a full check says."""
+    root = _toy_root(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["--root", str(root), "build"], out=out, err=err, result_cache=True) == 0, err.getvalue()
+    code, remembered, ran = check(root)
+    assert (code, ran) == (0, CACHED)
+    _entry(cache).unlink()
+    assert check(root) == (0, remembered, FULL)
+    # A spec edited after the build is no longer what it wrote: the full check says so.
+    _spec_value(root)
+    assert check(root)[::2] == (1, FULL)
+
+
 def _spec_value(root):
     path = root / "specs" / "hardware" / "small.toml"
     text = path.read_text()
@@ -131,10 +146,16 @@ def test_a_changed_input_runs_the_full_check(tmp_path, cache, check, edit):
     expected = edit(root)
     code, out, ran = check(root)
     assert code == 1 and expected in out and ran, out
-    assert check(root)[::2] == (1, FULL)  # a stale result is never remembered
-    assert run_cli("--root", str(root), "build").code == 0
-    # Current again (the entry answers where the build put back the bytes it recorded).
-    assert check(root)[0] == 0 and check(root)[::2] == (0, CACHED)
+
+
+def test_a_stale_result_is_never_remembered(tmp_path, cache, check):
+    root = _built(tmp_path)
+    assert check(root)[::2] == (0, FULL)
+    restore = (root / "generated" / "toy.py").read_bytes()
+    _generated_file(root)
+    assert check(root)[::2] == (1, FULL) and check(root)[::2] == (1, FULL)
+    (root / "generated" / "toy.py").write_bytes(restore)  # the bytes the entry recorded: current
+    assert check(root)[::2] == (0, CACHED)
 
 
 def test_a_file_that_is_not_regular_runs_the_full_check(tmp_path, cache, check):
@@ -205,15 +226,13 @@ def test_the_command_answers_without_the_compiler_until_its_source_changes(tmp_p
         assert f"{pkg / 'codegen'}" not in proc.stderr, proc.stderr  # no traceback
         return proc.returncode, proc.stdout
 
-    assert run("build")[0] == 0
-    assert run("check") == (0, "generated/ is up to date (3 files)\nschemas/ is up to date (7 files)\n"
-                            "compiler imported: True True\n")  # fmt: skip
+    assert run("build")[0] == 0  # remembers the check of what it wrote
     assert run("check") == (0, "generated/ is up to date (3 files)\nschemas/ is up to date (7 files)\n"
                             "compiler imported: False False\n")  # fmt: skip
     (pkg / "s31_toy_helper.py").write_text("OFFSET = 1\n")
     code, out = run("check")
     assert code == 1 and "stale: generated/toy.py" in out and "compiler imported: True True" in out, out
-    assert run("build")[0] == 0 and run("check")[0] == 0
+    assert run("build")[0] == 0
     render = pkg / "codegen" / "render.py"
     render.write_text(render.read_text().replace('MARKER_END = ". DO NOT EDIT."', 'MARKER_END = ". DO NOT EDIT!"'))
     code, out = run("check")
