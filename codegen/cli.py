@@ -8,19 +8,23 @@ The exit codes are in ``EPILOG`` (what ``--help`` prints).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import TYPE_CHECKING, Sequence, TextIO
 
-from . import pipeline, write
 from .tune import args as tune_args
-from .errors import SpecErrors, bounded
 from .exitcodes import EXIT_INTERNAL, EXIT_INVALID, EXIT_IO, EXIT_OK, EXIT_STALE
-from .pipeline import Output, outputs
-from .records import Resolution
+
+if TYPE_CHECKING:
+    from .pipeline import Output
+    from .records import Resolution
+
+# The compiler (pipeline, Pydantic's models, Jinja2) is imported in main, after a check whose
+# result is remembered (check_cache) has returned without it.
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +81,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    result_cache: bool = False,
+) -> int:
+    """Run one command; ``result_cache``: ``check`` may answer from (and fills) ``check_cache``,
+    as the ``codegen`` command does."""
     out = out or sys.stdout
     err = err or sys.stderr
     try:
@@ -90,6 +102,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         print(f"codegen: root {root} ({why})", file=err)
     else:
         root = args.root.resolve()
+    digest = inputs = None
+    if result_cache and args.command in ("check", "build"):
+        from . import check_cache
+
+        if args.command == "build":
+            inputs = check_cache.fingerprint(root, outputs=False)
+        else:
+            remembered, digest = check_cache.lookup(root)
+            if remembered is not None:
+                out.write(remembered)
+                return EXIT_OK
+    from . import pipeline, write
+    from .errors import SpecErrors, bounded
+
     try:
         if args.command == "tune":
             from .tune import cli as tune  # tomlkit, rich: only for this command
@@ -127,13 +153,22 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
                 return EXIT_INVALID
             out.write("\n".join(lines) + "\n")
             return EXIT_OK
-        outs = outputs(res, args.command)
+        outs = pipeline.outputs(res, args.command)
         if args.command in ("build", "schema"):
             code = _build(outs, root, out)
             if args.command == "build":
                 _unmeasured(res, out)
+                if inputs is not None:
+                    _remember_check(outs, root, inputs)
             return code
-        return _check(outs, root, out)
+        if digest is None:
+            return _check(outs, root, out)
+        report = io.StringIO()
+        code = _check(outs, root, report)
+        out.write(report.getvalue())
+        if code == EXIT_OK:
+            check_cache.store(root, digest, report.getvalue())
+        return code
     except SpecErrors as exc:
         n = len(exc.problems)
         print(f"codegen: {n} problem{'s' if n != 1 else ''} in the specs; generated/ was not changed:", file=err)
@@ -161,7 +196,7 @@ def run() -> int:
     do: no traceback, exit 141; Ctrl-C says so in one line, exit 130 (build has put back what it
     had replaced by then)."""
     try:
-        code = main()
+        code = main(result_cache=True)
         sys.stdout.flush()  # here, not at exit: a reader gone by now is the same closed pipe
         return code
     except KeyboardInterrupt:
@@ -185,11 +220,26 @@ def _unmeasured(res: Resolution, out: TextIO) -> None:
 
 
 def _build(outs: list[Output], root: Path, out: TextIO) -> int:
+    from . import pipeline
+
     pipeline.report(pipeline.build(root, outs), out)
     return EXIT_OK
 
 
+def _remember_check(outs: list[Output], root: Path, inputs: str) -> None:
+    """After a build, the check of what it wrote (stamps and hashes: no rendering), remembered
+    when it passes and the inputs are still those the build read."""
+    from . import check_cache
+
+    digest = check_cache.fingerprint(root)
+    report = io.StringIO()
+    if _check(outs, root, report) == EXIT_OK and check_cache.fingerprint(root, outputs=False) == inputs:
+        check_cache.store(root, digest, report.getvalue())
+
+
 def _check(outs: list[Output], root: Path, out: TextIO) -> int:
+    from . import write
+
     stale = 0
     for o in outs:
         plan = write.plan(o.rendered, root / o.folder, o.is_ours)

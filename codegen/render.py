@@ -19,7 +19,6 @@ import functools
 import hashlib
 import importlib.util
 import keyword
-import os
 import textwrap
 import traceback
 from dataclasses import dataclass, field
@@ -29,20 +28,15 @@ from typing import Any, Callable, Mapping
 import jinja2
 
 from . import context as ctx
+from . import locations
+from .locations import cache_dir
 from .errors import SpecErrors, SpecProblem
 from .records import Resolution
 
 
 def packaged_templates() -> Path:
-    """The templates that ship with codegen: the ``codegen_templates`` package when installed
-    (a wheel, or an editable install of this repository), else this checkout's templates/."""
-    try:
-        spec = importlib.util.find_spec("codegen_templates")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parent.parent / "templates"
+    """The templates that ship with codegen (``locations.packaged_templates``)."""
+    return locations.packaged_templates()
 
 
 def template_dirs(root: Path) -> tuple[Path, ...]:
@@ -224,16 +218,6 @@ class TemplateCache(jinja2.FileSystemBytecodeCache):
             super().dump_bytecode(bucket)
         except OSError:
             pass
-
-
-def cache_dir() -> Path | None:
-    """Where compiled templates are kept: ``$CODEGEN_CACHE_DIR`` (empty: nowhere), else
-    ``$XDG_CACHE_HOME/codegen`` or ``~/.cache/codegen``."""
-    env = os.environ.get("CODEGEN_CACHE_DIR")
-    if env is not None:
-        return Path(env) if env else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "codegen"
 
 
 @functools.lru_cache(maxsize=None)

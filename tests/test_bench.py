@@ -129,7 +129,7 @@ def test_attention_bench_smoke(tmp_path):
 
 
 def test_moe_bench_smoke(tmp_path):
-    """bench/moe.py on its smoke shapes: every token count of both shapes ran each bucket of the
+    """bench/moe.py on its smoke shapes: the qwen36 stand-in's token counts ran each bucket of the
     target (h200), the wide decode bucket at the e128 stand-in's one token, each method checked
     against the fp32 reference before it was timed, the cuBLAS comparison at the prefill sizes,
     the decode step (eager here) at the decode sizes."""
@@ -137,8 +137,8 @@ def test_moe_bench_smoke(tmp_path):
     result = json.loads((tmp_path / "moe.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
     cases = result["cases"]
-    assert sorted({(c["shape"], c["T"]) for c in cases}) == [
-        (s, t) for s in ("e128", "qwen36") for t in (1, 3, 16, 40, 600) if (s, t) != ("e128", 3)
+    assert sorted({(c["shape"], c["T"]) for c in cases}) == [("e128", 1)] + [
+        ("qwen36", t) for t in (1, 3, 16, 40, 600)
     ]
     assert {c["bucket"] for c in cases} == {"decode_one", "decode_one_wide", "decode", "small", "medium", "prefill"}
     assert {c["shape"] for c in cases if c["bucket"] == "decode_one_wide"} == {"e128"}
@@ -152,7 +152,7 @@ def test_moe_bench_smoke(tmp_path):
         if stepped:
             assert c["step_layers"] == 2 and c["step_weight_bytes"] > c["weight_bytes"] > 0
             assert c["ours_step_layer_us"] > 0 and c["ours_step_weight_frac_copy"] > 0
-    assert "9 cases, 0 errors, 0 skipped" in out
+    assert "6 cases, 0 errors, 0 skipped" in out
     peer = {(c["shape"], c["T"]) for c in cases if "vllm_us" in c}
     if PEERS.is_file():  # vLLM's fused MoE beside ours (the smoke run: two cases), checked first
         assert peer == {("qwen36", 1), ("qwen36", 16)}

@@ -494,7 +494,8 @@ def test_topk_softmax_matches_torch(E, k, dtype, T):
     probs = torch.softmax(logits.double(), dim=-1)
     # Largest first, the lowest expert first among equal probabilities (fp16 logits repeat).
     want_w, want_i = (t[:, :k] for t in torch.sort(probs, dim=-1, descending=True, stable=True))
-    for renormalize in (False, True):
+    # Both renormalize flags at 8 experts (both paths); one each at the interpreter's slow sizes.
+    for renormalize in (False, True) if E == 8 else (E == 128,):
         weights, ids = M.topk_softmax(logits.to(DEVICE), k, renormalize)
         assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and weights.shape == (T, k)
         assert torch.equal(ids.cpu().long(), want_i)

@@ -48,7 +48,7 @@ def test_a_closed_pipe_ends_the_output_quietly(argv):
 def test_ctrl_c_ends_codegen_in_one_line(monkeypatch, capsys):
     import codegen.cli as cli
 
-    def interrupted():
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "main", interrupted)
