@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "to_e4m3", "unserved_error"]
+__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "round_half_even", "to_e4m3", "unserved_error"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 # vLLM's names of an e4m3 cache ("fp8" is e4m3 on CUDA); "auto" stores the model's dtype.
@@ -85,17 +85,28 @@ def unserved_error(op: str, target: str, missing: str, spec: str, served: Option
 
 
 @triton.jit
+def round_half_even(a):
+    # a (fp32, 0 <= a < 2^22) rounded to the nearest integer, ties to even, as fp32: the integer
+    # part by truncation, the fraction (exact) compared with one half.
+    q = a.to(tl.int32)
+    frac = a - q.to(tl.float32)
+    up = (frac > 0.5) | ((frac == 0.5) & ((q & 1) == 1))
+    return (q + up.to(tl.int32)).to(tl.float32)
+
+
+@triton.jit
 def to_e4m3(x):
     # saturate(x) rounded to nearest even on e4m3fn's grid, as float8e4nv.  The rounding is done in
     # fp32 first, so that the final cast is exact: hardware's cvt.rn.satfinite gives the same bytes,
     # and Triton's interpreter (whose fp32 -> fp8 cast drops the carry of a mantissa that rounds up
-    # into the next binade) does too.  Normal values (|x| >= 2^-6) keep 3 mantissa bits; subnormal
-    # ones are multiples of 2^-9, rounded by adding and subtracting 1.5 * 2^14 to |x|, the sign put
-    # back after (a negative value that rounds to zero is -0.0, byte 0x80, as the hardware's is).
+    # into the next binade) does too.  Normal values (|x| >= 2^-6) keep 3 mantissa bits (integer
+    # arithmetic on the bits); subnormal ones are multiples of 2^-9: |x| * 2^9 rounded to an integer,
+    # ties to even, in integer arithmetic too (no float add-and-subtract trick a compiler may fold),
+    # the sign put back after (a negative value that rounds to zero is -0.0, byte 0x80).
     x = tl.minimum(tl.maximum(x, -448.0), 448.0)
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
     normal = bits.to(tl.float32, bitcast=True)
-    sub = (tl.abs(x) + 24576.0) - 24576.0
+    sub = round_half_even(tl.minimum(tl.abs(x), 0.015625) * 512.0) * 0.001953125
     sub = tl.where(x < 0, -sub, sub)
     return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)

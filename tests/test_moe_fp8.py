@@ -264,7 +264,7 @@ def _bad_calls():
     w2q, w2s = quant_weights(torch.randn(E, H, I), False)
     b1q, b1s = quant_weights(torch.randn(E, 2 * I, H), True)
     b2q, b2s = quant_weights(torch.randn(E, H, I), True)
-    weights, ids = M.topk_softmax(torch.randn(3, E), 2, True)
+    weights, ids = M.topk_softmax(torch.randn(3, E, device=DEVICE), 2, True)
     ok = dict(w1_scale=w1s, w2_scale=w2s)
     blk = dict(w1_scale=b1s, w2_scale=b2s, block_shape=BLOCK)
     rag = torch.randn(3, 96).half()

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from .. import launch as _launch
 from ..lookup import PolicyTables
+from ..fp8_kv import round_half_even
 from ..scaled_mm.constexprs import SCALE_BLOCK
 from .ops import (
     ACTIVATIONS,
@@ -80,14 +81,16 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 def _e4m3_round(v):
     # v (fp32, |v| <= 448) rounded to the nearest e4m3fn value, ties to even, still in fp32: the
     # spacing of e4m3 values at v's binade (2**(e - 3), e4m3's subnormals that of its least normal
-    # binade, 2**-9), and round-to-nearest-even by adding and removing 1.5 * 2**23.  The cast to
-    # e4m3 after is then exact: the same on the GPU as its rounding conversion, and right in
-    # Triton's interpreter, whose float-to-fp8 cast loses the carry when a mantissa rounds up to
-    # the next power of two (125.4 became 64).
+    # binade, 2**-9); |v| / spacing (exact, below 16) rounded to an integer in integer arithmetic
+    # (policy_runtime/fp8_kv.py's round_half_even: no float add-and-subtract trick a compiler may
+    # fold), the sign put back.  The cast to e4m3 after is then exact: the same on the GPU as its
+    # rounding conversion, and right in Triton's interpreter, whose float-to-fp8 cast loses the
+    # carry when a mantissa rounds up to the next power of two (125.4 became 64).
     e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
     spacing = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
     inverse = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)
-    return ((v * inverse + 12582912.0) - 12582912.0) * spacing
+    r = round_half_even(tl.abs(v) * inverse) * spacing
+    return tl.where(v < 0, -r, r)
 
 
 @triton.jit(do_not_specialize=["M"])
