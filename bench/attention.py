@@ -1,25 +1,17 @@
 #!/usr/bin/env python3
-"""Benchmark generated/attention.py against torch SDPA on one GPU (H200), bf16.
+"""Benchmark generated/attention.py on one GPU (H200), bf16.
 
     python3 bench/attention.py                          # the full run (~2-3 min on the H200)
     python3 bench/attention.py --cpu-smoke --hw h200    # tiny fp16 shapes in Triton's interpreter
 
-Every method is checked at its timed size first (a failed check is recorded, not timed, exit 1),
-then timed as GPU time (bench/timing.py) in interleaved rounds; ratios are the median over rounds
-of reference time / ours.  Phases (--phases picks some): (1) prefill, causal and not, head_dim
-64 / 128 / 256, 1k / 4k / 16k tokens (--quick: 1k, 8k), equal and ragged batches, TFLOP/s against
-SDPA (flash), with SDPA's cuDNN backend and compiled FlexAttention (--no-flex leaves it out) as
-peers; (2) paged decode (block size 16), GQA 1 to 8, batch 1-256, context 1k-128k, equal and
-ragged: KV bytes a second as a fraction of a device copy, against SDPA on the same K/V made
-contiguous and vLLM's Triton paged decode (bench/peers.py); (3) V1 against V2 past the policy's
-threshold; (4) the first call of a new length; (5) decode over an FP8 (e4m3fn) KV cache, batch >= 8,
-context >= 8k: its FP8 bytes a second against a device copy and the H200's 4.27 TB/s, its time
-against our bf16 cache on the same data, and vLLM's Triton decode with its k_scale (one scale for
-K and V: the peer applies k_scale to both); (6, window) issue 36's features: causal prefill
-with a sliding window (4096 at 16k and 32k tokens, and Gemma-2's 4096 with soft-cap 50) against
-compiled FlexAttention with the same mask and score_mod, and paged decode with a 4096-token
-window (batch 8-64, context 32k-128k) as KV bytes of the window a second, a fraction of a device
-copy.  JSON to $OUT/attention.json (or --json PATH).
+Each method is checked first (a failed check is recorded, not timed, exit 1), then timed
+(policy_runtime/timing.py) in interleaved rounds.  Phases (--phases): prefill (causal and not, head
+dims 64/128/256, against SDPA flash, SDPA cuDNN and compiled FlexAttention); paged decode (GQA 1-8,
+batch 1-256, context 1k-128k, ragged too: bytes a second against a device copy, SDPA and vLLM's
+Triton decode); V1 against V2; the first call of a new length; fp8_decode (an e4m3 KV cache against
+the bf16 one and vLLM's k_scale decode); window (prefill with a 4096-token window against
+FlexAttention with the same mask, decode with a window as the window's bytes a second).  JSON to
+$OUT/attention.json (or --json PATH).
 """
 
 from __future__ import annotations

@@ -1,39 +1,18 @@
 #!/usr/bin/env python3
-"""Host cost of an eager call of every public entry point, against a bare launch of the same
-Triton kernels with the same arguments (issue 33: an eager call should cost about a launch).
+"""Host cost of an eager call of every public entry point against a bare launch of the same Triton
+kernels with the same arguments (issue 33: an eager call should cost about a launch).
 
     python3 bench/host_cost.py                          # on a GPU (~30 s)
-    python3 bench/host_cost.py --cpu-smoke --hw h200    # the wiring, in Triton's interpreter
-    python3 bench/host_cost.py --cpu-smoke --hw h200 --noop-launch [--profile NAME]
-                                                        # the wrapper alone on the CPU (launches
-                                                        # replaced by no-ops), optionally cProfiled
+    python3 bench/host_cost.py --cpu-smoke --hw h200 [--noop-launch] [--profile NAME]
 
-Method.  Each entry point gets a tiny problem (a few rows: the GPU finishes each kernel before
-the host has issued the next, so a loop measures the host).  One call is made with Triton's
-``JITFunction.run`` (``InterpretedFunction.run`` in the interpreter) wrapped to record every
-launch the call makes: the kernel, its grid and its arguments (keyword options too).  Then, in
-interleaved rounds, a loop of ITERS eager calls and a loop of ITERS replays of the recorded
-launches, each replay being ``kernel.run(*args, grid=grid, warmup=False, **kwargs)``: Triton's
-own launcher (binding, specialization key, cache lookup, the driver's launch), with none of the
-entry point's checks, planning or allocation.  ``torch.cuda.synchronize()`` only before and after
-each loop; wall time by ``time.perf_counter``; reported per call, the median over rounds, and the
-difference (the wrapper's cost; the issue's limit is 5 us).  An entry point whose call launches
-no Triton kernel here (a vendor path) is reported as such, timed alone.
-
-On a GPU a third loop, "direct": the recorded launches' compiled kernels called through their
-driver launchers with everything ``JITFunction.run`` works out per call (binding, key, cache
-lookup, launch metadata) worked out once: the floor a launch path that caches its plan could
-reach (RESULTS.md measured Triton 3.6's launch path at ~64 us a call on the H200 host against
-cuBLAS's ~23).
-
-Also ``matmul_triton`` against ``torch.matmul`` (cuBLAS) eagerly at 1x4096x4096 (issue 33's
-regression; target >= 0.95x), in the same loops.
-
-``--noop-launch`` replaces every launch by a no-op after recording it: the eager loop then
-measures only the Python wrapper (meaningful on the CPU), the bare loop only the call into the
-no-op.  ``--profile NAME`` runs cProfile over NAME's eager loop and prints the top entries.
-
-JSON to $OUT/host_cost.json when $OUT is set (or --json PATH).
+One call per entry point (a tiny problem: a loop measures the host) records its launches (kernel,
+grid, arguments); then interleaved rounds time ITERS eager calls, ITERS replays through Triton's
+``JITFunction.run`` ("bare": binding, key, cache lookup, launch), and on a GPU ITERS calls of the
+compiled kernels' launchers with all that worked out once ("direct": the floor of a cached launch
+path); synchronized only around each loop, the median over rounds per call.  Also
+``matmul_triton`` against ``torch.matmul`` at 1x4096x4096.  ``--noop-launch`` replaces launches by
+no-ops (the wrapper alone, on the CPU); ``--profile NAME`` cProfiles NAME's eager loop.  JSON to
+$OUT/host_cost.json (or --json PATH).
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 #!/usr/bin/env python3
-"""Benchmark generated/moe.py's fused_moe_fp8 (w8a8 e4m3) on one GPU (H200): bench/moe.py's FP8 mode.
+"""Benchmark generated/moe.py's fused_moe_fp8 (w8a8 e4m3) on one GPU (H200).
 
-    python3 bench/moe_fp8.py --model qwen3_30b     # one model a run (each well under a minute)
+    python3 bench/moe_fp8.py --model qwen3_30b     # mixtral, qwen3_30b or dsv3 (64 of its experts)
     python3 bench/moe_fp8.py --cpu-smoke --hw h200  # tiny fp16 shapes in Triton's interpreter
 
-Models: mixtral (Mixtral-8x7B: 8 experts, H 4096, I 14336, top-2), qwen3_30b (Qwen3-30B-A3B: 128
-x 2048 x 768, top-8), dsv3 (DeepSeek-V3's expert shape, H 7168, I 2048, top-8, with 64 of its 256
-experts so that a run fits the time).  T = 1, 4, 16, 256, 4096 (--tokens to change).  The routing
-(ids and weights) is fixed per case, so every method times the same expert GEMMs.  Methods, bf16
-hidden states and output:
-
-  fp8 block     fused_moe_fp8 with 128x128 weight scales, 1x128 activation scales in the call
-  fp8 tensor    fused_moe_fp8 with per-expert weight scales, dynamic per-tensor activation scales
-  bf16          our fused_moe on the dequantized weights in bf16
-  vllm block    vLLM's Triton fused_moe_kernel, use_fp8_w8a8 with block_shape [128, 128] and
-                vLLM's default fp8 config (bench/peers.py; no vLLM fp8 tables are embedded), our
-                quantizing kernel standing in for vLLM's per_token_group_quant_fp8 CUDA op, the
-                peer's silu_and_mul and torch.sum for moe_sum; left out without the peer file
-  scaled_grouped  torch._scaled_grouped_mm twice (rowwise: per-token activation scales,
-                per-expert weight scales broadcast per column) on rows sorted by expert and
-                padded to 16, torch quantization and SiLU between; where torch offers it
-
-Each is checked first against float64 on the dequantized weights and the unquantized activations
-(relative error < 8e-2: e4m3's activation rounding; the bf16 one < 2e-2), then timed
-(policy_runtime/timing.py: L2 flushed, launch off the clock) in interleaved rounds.  Printed per
-case: microseconds, the speedup of fp8 block over bf16, over vLLM and over torch, and at T <= 16
-the FP8 weight bytes of the activated experts read per second as a fraction of the H200's 4.27
-TB/s copy bandwidth (the issue's decode target: at least 0.7; prefill, T >= 4096: at least 1.5x
-bf16 and 1.0x torch._scaled_grouped_mm).  JSON to $OUT/moe_fp8.json.
+T = 1, 4, 16, 256, 4096 (--tokens), routing fixed per case, bf16 hidden states.  Methods: ours with
+128-block scales and with per-tensor scales (activations quantized in the call), our bf16
+fused_moe, vLLM's Triton fused_moe_kernel with block scales (its default fp8 config; bench/peers.py;
+our quantizer in place of its CUDA op) and torch._scaled_grouped_mm (rowwise, where torch has it).
+Each is checked against float64 on the dequantized weights and the original activations (< 8e-2:
+e4m3's rounding), then timed (policy_runtime/timing.py) in interleaved rounds.  Printed per case:
+µs, speedups, and at T <= 16 the FP8 weight bytes read a second as a fraction of 4.27 TB/s.  JSON
+to $OUT/moe_fp8_<model>.json.
 """
 
 from __future__ import annotations

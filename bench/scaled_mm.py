@@ -4,23 +4,12 @@
     python3 bench/scaled_mm.py                # the GPU run (about a minute on the H200)
     python3 bench/scaled_mm.py --cpu-smoke    # tiny shapes in Triton's interpreter (no GPU)
 
-For each shape (M, N, K), A (M, K) e4m3 row-major and B (K, N) e4m3 the transpose of a row-major
-(N, K) weight (the layout torch._scaled_mm takes), bf16 output: GPU time of
-
-  ours tensor     scaled_mm with one scale per tensor
-  _scaled_mm tensor   torch._scaled_mm, the same scales (cuBLASLt)
-  ours rowwise    scaled_mm with scale_a (M, 1), scale_b (1, N)
-  _scaled_mm rowwise  torch._scaled_mm, the same scales
-  ours block      scaled_mm with 1x128 / 128x128 block scales (DeepSeek-V3's)
-  bf16 matmul     our bf16 generated.matmul.matmul_triton on bf16 operands of the same shape
-
-each first checked into a NaN-filled output against fp32 on the dequantized inputs (relative error
-< 1e-2, else exit 1), then timed as policy_runtime/timing.py times (median of --reps runs, L2
-flushed before each, launch off the clock) in --rounds interleaved rounds.  Ratios are medians of
-per-round ratios.  Summary: geomeans of ours / torch._scaled_mm (per tensor, rowwise) over every
-shape, and of ours against our bf16 matmul over the compute-bound shapes (the issue's targets:
->= 0.95x torch._scaled_mm; >= 1.7x bf16 per tensor/rowwise, >= 1.5x bf16 block-scaled).
-Writes $OUT/scaled_mm.json when OUT is set.
+Per shape (M, N, K), A e4m3 row-major, B the transpose of a row-major (N, K) weight, bf16 output:
+ours and torch._scaled_mm with one scale per tensor and with rowwise scales, ours with 1x128 /
+128x128 block scales, and our bf16 matmul_triton on the same shape; each checked against fp32 on
+the dequantized inputs (< 1e-2, else exit 1), then timed (policy_runtime/timing.py) in --rounds
+interleaved rounds.  Summary: geomeans against torch._scaled_mm over every shape and against our
+bf16 matmul over the compute-bound ones.  Writes $OUT/scaled_mm.json when OUT is set.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """JSON Schemas of the spec files, for editors (Taplo / Even Better TOML) and for tests.
 
 One schema per kind of spec file, from its Pydantic model (``vendor``, ``hardware``, ``model``,
-``module``, ``project``), a generic one for kernel files (``kernels``), and one per kernel file of
-the tree (``kernels/<file>``) in which each config's policy and bucket tables know that config's
-fields: their declared types, choices and docs.  Written to ``<root>/schemas/`` by ``build`` and
-``codegen schema``, compared by ``check`` like generated/; every spec file names its schema on its
-first line (``#:schema ../../schemas/hardware.schema.json``).
+``module``, ``project``), a generic one for kernel files (``kernels``), and one per kernel file
+(``kernels/<file>``) whose policy and bucket tables know that config's fields.  Written to
+``<root>/schemas/`` by ``build`` and ``codegen schema``, compared by ``check`` like generated/;
+output is deterministic (sorted keys).
 
-Output is deterministic: dictionaries are emitted with sorted keys.
-
-Rendering them (Pydantic's schema generation and 0.9 MB of indented JSON) was a fifth of
-a no-op ``check``, so ``rendered`` is lazy: the schemas are a function of ``inputs_digest`` (the
-versions of Python and Pydantic, codegen's own source, and each config's file, name, fields'
-types, docs and choices, and bucket dimensions: all that ``render`` reads), and a cache entry
-beside the compiled templates (``render.cache_dir``) records, per digest, the SHA-256 of every
-schema file those inputs gave.  A file on disk whose hash is the recorded one is current without
-rendering; without an entry (or with ``CODEGEN_CACHE_DIR=""``) everything is rendered and
-compared byte by byte, and the entry is written for the next run.  The files' bytes do not
-depend on the cache.
+``rendered`` is lazy: the schemas are a function of ``inputs_digest`` (Python's and Pydantic's
+versions, codegen's source, each config's fields, docs, choices and bucket dimensions), and a cache
+entry (``render.cache_dir``) records per digest the SHA-256 of every schema file; a file whose hash
+is the recorded one is current without rendering.  Without an entry (or with
+``CODEGEN_CACHE_DIR=""``) everything is rendered and compared byte by byte.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """KV-cache operations: reshape_and_cache and copy_blocks (Triton), swap_blocks (torch).
 
-generated/cache.py builds one ``CacheKernels`` from its per-target launch records (``CacheLaunch``:
-num_warps, tile_bytes, min_programs, max_warps, warp_size, resolved from the specs by the
-compiler) and its ``target_name``, and its public functions (which document the semantics) call
-the methods of that object, or ``swap_blocks``, which has no launch record.  Nothing here varies
-with the specs.
+generated/cache.py builds one ``CacheKernels`` from its per-target launch records (``CacheLaunch``,
+resolved by the compiler) and its ``target_name``; its public functions (which document the
+semantics) call that object's methods, or ``swap_blocks``, which has no launch record.  Caches use
+the flash layout [num_blocks, block_size, kv_heads, head_size] in the key's dtype, or (with
+``kv_cache_dtype="fp8"``) float8_e4m3fn written with per-tensor scales (policy_runtime/fp8_kv.py).
+Bad shapes, strides, devices or scales raise ValueError, bad dtypes TypeError; slots and block ids
+are not range-checked (that would need a device sync; vLLM does not check them either).
 
-Caches use the flash layout [num_blocks, block_size, kv_heads, head_size], fp16, bf16 or fp32
-and copies of the key's dtype, or (reshape_and_cache with ``kv_cache_dtype="fp8"``) float8_e4m3fn
-written with per-tensor scales (policy_runtime/fp8_kv.py: vLLM's semantics).  Bad shapes, strides
-or devices raise ValueError, bad dtypes TypeError, bad kv_cache_dtype or scales ValueError.  Slots and block ids are not range-checked: that would need a
-device sync (vLLM does not check them either).
-
-Launch rule (CCCL's transform policy): a program copies about ``tile_bytes`` (tokens packed, or
-a block split into chunks), then the tile is halved until the grid has ``min_programs``
-programs or each thread holds a single 16-byte vector; ``num_warps`` shrinks until every thread
-has a vector.  The plan of a call signature (target and shape) is computed once and memoised.
-CPU tensors run only under TRITON_INTERPRET=1.
+Launch rule (CCCL's transform policy): a program copies about ``tile_bytes``, then the tile is
+halved until the grid has ``min_programs`` programs or each thread holds one 16-byte vector;
+``num_warps`` shrinks until every thread has a vector.  A call signature's plan is memoised.
 """
 
 from __future__ import annotations

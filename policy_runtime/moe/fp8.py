@@ -1,28 +1,15 @@
-"""The hand-written half of generated/moe.py's FP8 path: fused MoE w8a8 (e4m3fn), vLLM semantics.
+"""generated/moe.py's FP8 path (hand-written): fused MoE w8a8 e4m3fn, vLLM's semantics.
 
-``fused_moe_fp8`` is vLLM's ``fused_experts(..., use_fp8_w8a8=True)``: w1 and w2 in float8_e4m3fn
-with float32 scales, the activations quantized to e4m3 inside the call, fp32 accumulation, the
-result in hidden_states' dtype.  Two scalings, chosen by ``block_shape``:
-
-- per tensor (``block_shape=None``): one scale per expert for each of w1 and w2 (``(E,)``); the
-  activations' scale is static (``a1_scale``, ``a2_scale``: one value each) or, where not given,
-  dynamic: amax / 448 over the tensor, computed in the call.  The scales multiply each expert's
-  accumulated tile (as vLLM's kernel).
-- 128-block (``block_shape=[128, 128]``, DeepSeek-V3's): weight scales per 128x128 block
-  (``(E, ceil(N/128), ceil(K/128))``), activations quantized in the call per token and 128-element
-  group (1x128, vLLM's ``per_token_group_quant_fp8``: amax / 448 of each group, at least 1e-10);
-  each K step (a divisor of 128) lies in one block, so its product is scaled before it is added.
-
-The intermediate (activation of the up GEMM's two halves) is rounded to hidden_states' dtype, as
-vLLM's intermediate cache, then quantized the same way for the down GEMM: with a static a2_scale in
-the up GEMM's epilogue; dynamically per tensor by an amax the up GEMM gathers (fp32 atomic max),
-then a quantizing pass; per token group by the quantizing kernel.
-
-Kernel bodies (``grouped``, e4m3 tensor-core dots on rows aligned per expert, and ``simt``, decode
-on the CUDA cores without alignment: see specs/kernels/moe.toml's ``moe_fp8_launch``) are
-specialized per bucket config in generated/moe.py.  Triton's interpreter loads e4m3 tensors and
-runs the same arithmetic (in fp32), so the CPU tests run these kernels; the FP8 tensor-core
-instructions and their speed need a GPU.
+``fused_moe_fp8`` is vLLM's ``fused_experts(..., use_fp8_w8a8=True)``: e4m3 weights with float32
+scales, activations quantized inside the call, fp32 accumulation, output in hidden_states' dtype.
+``block_shape=None``: a scale per expert for w1 and w2 (``(E,)``), the activations' static
+(``a1_scale``, ``a2_scale``) or dynamic (amax / 448, computed in the call), applied to each
+accumulated tile.  ``block_shape=[128, 128]`` (DeepSeek-V3's): weight scales per 128x128 block,
+activations quantized per token and 128-group (vLLM's ``per_token_group_quant_fp8``), each K step's
+product scaled before it is added.  The intermediate is rounded to hidden_states' dtype, then
+quantized the same way for the down GEMM.  Bodies ``grouped`` (tensor cores, rows aligned per
+expert) and ``simt`` (decode on the CUDA cores) are specialized per bucket in generated/moe.py
+(specs/kernels/moe.toml's ``moe_fp8_launch``); the interpreter runs them on the CPU.
 """
 
 from __future__ import annotations
