@@ -3,13 +3,10 @@ launch cost off the clock, and interleaved rounds against a reference.
 
 ``gpu_ms`` exists because ``triton.testing.do_bench`` records its start event right after the L2
 flush: where a launch takes the host longer than the flush takes the GPU, the idle gap counts as
-kernel time (on a slow H200 host it put 20 us decode kernels at 0.78x cuBLAS, 1.03x on a fast one).
-Host overhead is a separate measurement in each benchmark.
-
-The flush reads 256 MiB where do_bench zeroes its buffer: a write leaves the L2 full of
-dirty lines that the timed kernel's first misses must write back (a plain 88 MiB read on an H200:
-32.1 us after a zeroing flush, 24.5-25.3 us after a reading one; commit b5f8179).  A read leaves the
-L2 cold and clean, as a serving step finds it after kernels that read weights and write little.
+kernel time.  Host overhead is a separate measurement in each benchmark.  The flush reads 256 MiB
+where do_bench zeroes its buffer: a write leaves the L2 full of dirty lines that the timed kernel's
+first misses must write back; a read leaves it cold and clean, as a serving step finds it after
+kernels that read weights and write little.
 """
 
 from __future__ import annotations

@@ -325,10 +325,9 @@ def plan(
 
 
 # The most records (candidates x the config's variants) a plan resolves and checks.  Each takes
-# 0.5-1 ms on the project's 2-core machine (2026-12-01: matmul on h200, 679 candidates x 2
-# variants, 0.76 s; moe_launch on h200, 598 x 2, 1.1 s), so a plan at the cap takes a second or
-# two; and 1,000 candidates take about 10 minutes to time on the H200 (matmul's 560 over 8 shapes
-# took 327 s).  A space past it is a slip (an axis too many) or wants --buckets and fewer values.
+# about a millisecond to resolve, so a plan at the cap takes a second or two, and 1,000 candidates
+# take about ten minutes to time on an H200.  A space past it is a slip (an axis too many) or wants
+# --buckets and fewer values.
 MAX_RECORDS = 2000
 
 
