@@ -14,6 +14,7 @@ expert) and ``simt`` (decode on the CUDA cores) are specialized per bucket in ge
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -32,8 +33,8 @@ from .ops import (
     align,
     check_expert_map,
     fail,
-    guarded,
     index_tensor,
+    run_routed,
     same_device,
     sum_rows,
     tensor_arg,
@@ -888,21 +889,5 @@ class MoEFp8(PolicyTables):
             expert_map = check_expert_map(op, expert_map, topk_ids, E)
         if variant is None:
             variant = self.policy(FP8, hw, x.device)[1](T, inter).variant
-        given = out is not None
-        if out is None:
-            out = torch.empty((T, H), dtype=x.dtype, device=x.device)
-        if T == 0 or H == 0:
-            return out
-        if inter == 0:
-            return out.zero_()
-        if _launch.FIRST_LAUNCH:
-            _launch.ready_triton()
-        weights = topk_weights.contiguous().view(-1)
-        ids = topk_ids.contiguous().view(-1)
-        with guarded(x):
-            if expert_map is not None:
-                ids = expert_map[ids.long()].to(torch.int32)
-            variant.run(x, w1, w2, weights, ids, out, ACTIVATIONS[activation], E, scales, expert_map is not None)
-        if given:
-            torch.autograd.graph.increment_version(out)
-        return out
+        run = functools.partial(variant.run, scales=scales)
+        return run_routed(run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map)

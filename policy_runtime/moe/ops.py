@@ -1022,23 +1022,43 @@ class MoE(PolicyTables):
             expert_map = check_expert_map("fused_moe", expert_map, topk_ids, E)
         if variant is None:
             variant = self.policy(x.dtype, hw, x.device)[1](T, inter).variant
-        given = out is not None
-        if out is None:
-            out = torch.empty((T, H), dtype=x.dtype, device=x.device)
-        if T == 0 or H == 0:
-            return out
-        if inter == 0:
-            return out.zero_()
-        if _launch.FIRST_LAUNCH:
-            _launch.ready_triton()
-        weights = topk_weights.contiguous().view(-1)
-        ids = topk_ids.contiguous().view(-1)
-        with guarded(x):
-            if expert_map is not None:
-                # Global ids to this rank's (-1: another rank's expert), one gather on the device.
-                ids = expert_map[ids.long()].to(torch.int32)
-            variant.run(x, w1, w2, weights, ids, out, ACTIVATIONS[activation], E, expert_map is not None)
-        if given:
-            # A write autograd did not see: saved tensors that alias out now fail backward loudly.
-            torch.autograd.graph.increment_version(out)
+        return run_routed(variant.run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map)
+
+
+def run_routed(
+    run: Callable[..., None],
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: Optional[torch.Tensor],
+    activation: str,
+    dims: tuple[int, int, int, int],
+    expert_map: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """The host side fused_moe and fused_moe_fp8 share after their checks: the output (new, or
+    ``out``), the empty cases, Triton's one-off setup, the flat routing (through ``expert_map`` to
+    this rank's ids) and ``run`` (a variant's ``run``, its scales bound) under x's device guard.
+    ``dims``: T, H, the experts' intermediate size and the local expert count."""
+    T, H, inter, E = dims
+    given = out is not None
+    if out is None:
+        out = torch.empty((T, H), dtype=x.dtype, device=x.device)
+    if T == 0 or H == 0:
         return out
+    if inter == 0:
+        return out.zero_()
+    if _launch.FIRST_LAUNCH:
+        _launch.ready_triton()
+    weights = topk_weights.contiguous().view(-1)
+    ids = topk_ids.contiguous().view(-1)
+    with guarded(x):
+        if expert_map is not None:
+            # Global ids to this rank's (-1: another rank's expert), one gather on the device.
+            ids = expert_map[ids.long()].to(torch.int32)
+        run(x, w1, w2, weights, ids, out, ACTIVATIONS[activation], E, ep=expert_map is not None)
+    if given:
+        # A write autograd did not see: saved tensors that alias out now fail backward loudly.
+        torch.autograd.graph.increment_version(out)
+    return out

@@ -23,17 +23,10 @@ from . import ops as _moe
 from .constexprs import body_constants, fp8_body_constants
 
 
-def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
-    """The runtime ``Variant`` of a ``MoELaunchConfig`` record: its kernels the bodies and constants
-    generated/moe.py's wrappers would have (policy_runtime/moe/constexprs.py, which the template's
-    context reads too)."""
-    kernels = {
-        part: BoundKernel(getattr(_moe, body), f"candidate{body}", constants)
-        for part, (body, constants) in body_constants(record, dtype_bytes).items()
-    }
-    return _moe.Variant(
-        up=kernels["up"],
-        down=kernels["down"],
+def launch_fields(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The launch fields a ``moe_launch`` or ``moe_fp8_launch`` record gives its runtime variant
+    (``Variant`` and ``Fp8Variant`` name them alike), by the variant's field names."""
+    return dict(
         kind=record["kernel"],
         block_m=record["block_size_m"],
         block_n=record["block_size_n"],
@@ -46,8 +39,18 @@ def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
         down_block_k=record["down_block_size_k"],
         down_num_warps=record["down_num_warps"],
         down_num_stages=record["down_num_stages"],
-        chained=record["chained"],
     )
+
+
+def variant(record: Mapping[str, Any], dtype_bytes: int) -> _moe.Variant:
+    """The runtime ``Variant`` of a ``MoELaunchConfig`` record: its kernels the bodies and constants
+    generated/moe.py's wrappers would have (policy_runtime/moe/constexprs.py, which the template's
+    context reads too)."""
+    kernels = {
+        part: BoundKernel(getattr(_moe, body), f"candidate{body}", constants)
+        for part, (body, constants) in body_constants(record, dtype_bytes).items()
+    }
+    return _moe.Variant(up=kernels["up"], down=kernels["down"], chained=record["chained"], **launch_fields(record))
 
 
 class MoEProblem(Problem):
@@ -106,28 +109,11 @@ HARNESS = Harness(
 def fp8_variant(record: Mapping[str, Any]) -> Any:
     """The runtime ``Fp8Variant`` of a ``MoEFp8LaunchConfig`` record, on the bodies and constants
     generated/moe.py's FP8 wrappers would have (policy_runtime/moe/constexprs.py)."""
-
-
     kernels = {
         part: BoundKernel(getattr(_fp8, body), f"candidate{body}", constants)
         for part, (body, constants) in fp8_body_constants(record).items()
     }
-    return _fp8.Fp8Variant(
-        up=kernels["up"],
-        down=kernels["down"],
-        kind=record["kernel"],
-        block_m=record["block_size_m"],
-        block_n=record["block_size_n"],
-        block_k=record["block_size_k"],
-        group_m=record["group_size_m"],
-        num_warps=record["num_warps"],
-        num_stages=record["num_stages"],
-        fuse_sum=record["fuse_sum"],
-        down_block_n=record["down_block_size_n"],
-        down_block_k=record["down_block_size_k"],
-        down_num_warps=record["down_num_warps"],
-        down_num_stages=record["down_num_stages"],
-    )
+    return _fp8.Fp8Variant(up=kernels["up"], down=kernels["down"], **launch_fields(record))
 
 
 class MoEFp8Problem(MoEProblem):
@@ -137,8 +123,6 @@ class MoEFp8Problem(MoEProblem):
     activations, so a candidate's error is the activations' quantization (a few percent)."""
 
     def __init__(self, T: int, inter: int, params: Mapping[str, Any], dtype: torch.dtype, device: Any, seed: int = 0):
-
-
         self.block = params.get("scaling", "block") == "block"
         if params.get("scaling", "block") not in ("tensor", "block"):
             raise ValueError(f"moe_fp8_launch tune: params.scaling must be tensor or block, got {params['scaling']!r}")
