@@ -45,6 +45,19 @@ def quantize_ref(x, scale):
     return (x.double() / float(scale)).clamp(-448.0, 448.0).float().to(FP8)
 
 
+def byte_mismatches(got, want, src, scale):
+    """'' when ``got`` and ``want`` (e4m3fn) hold the same bytes; else how many differ and the
+    first eight as (source value, source / scale in fp32, got, want), so a failure shows its values."""
+    g, w = got.view(torch.uint8).flatten(), want.view(torch.uint8).flatten()
+    bad = (g != w).nonzero().flatten()
+    if bad.numel() == 0:
+        return ""
+    x = src.flatten().double().cpu()
+    q = (x / float(scale)).float()
+    shown = [(x[i].item(), q[i].item(), got.flatten()[i].item(), want.flatten()[i].item()) for i in bad[:8].tolist()]
+    return f"{bad.numel()} of {g.numel()} bytes differ; (x, x/scale, got, want): {shown}"
+
+
 def rnd(*shape, dtype, std=1.0):
     return (torch.randn(*shape) * std).to(dtype).to(DEVICE)
 
@@ -129,8 +142,10 @@ def test_fp8_write_gives_the_reference_bytes(dtype):
     ok = slots.long() >= 0
     got_k = kc.view(-1, Hkv, D)[slots.long()[ok]]
     got_v = vc.view(-1, Hkv, D)[slots.long()[ok]]
-    assert torch.equal(got_k.view(torch.uint8), quantize_ref(key[ok], 0.5).view(torch.uint8))
-    assert torch.equal(got_v.view(torch.uint8), quantize_ref(value[ok], 0.03).view(torch.uint8))
+    bad = byte_mismatches(got_k, quantize_ref(key[ok], 0.5), key[ok], 0.5)
+    assert not bad, bad
+    bad = byte_mismatches(got_v, quantize_ref(value[ok], 0.03), value[ok], 0.03)
+    assert not bad, bad
     assert kc.float()[0].abs().max() <= 448.0
     # The skipped token's row and the unwritten slots stay zero.
     written = torch.zeros(nb * bs, dtype=torch.bool)
