@@ -527,7 +527,8 @@ def main():
     import platform
 
     RES["meta"].update(smoke=SMOKE, torch=torch.__version__, triton=triton.__version__,
-                       python=platform.python_version(), dtype=str(DT), hw=HW, target=target_name(HW, torch.device(DEV)), only=ARGS.only,
+                       python=platform.python_version(), dtype=str(DT), hw=HW,
+                       target=target_name(HW, torch.device(DEV)), only=ARGS.only,
                        device=torch.cuda.get_device_name() if not SMOKE else "cpu (Triton interpreter)")  # fmt: skip
     if "prefill" in ARGS.parts:
         for case in PREFILL_CASES:
