@@ -102,13 +102,13 @@ def check(got, ref, dtype):
     assert err <= TOL[dtype] * max(1.0, ref.abs().max().item()), err
 
 
-def prefill_case(D, dtype, lq, lk, H=4, Hkv=2, causal=True, **feat):
-    q = rnd(sum(lq), H, D, dtype=dtype)
+def prefill_case(D, dtype, lq, lk, H=4, Hkv=2, causal=True, kernel=None, q_scale=1.0, **feat):
+    q = rnd(sum(lq), H, D, dtype=dtype, scale=q_scale)
     k = rnd(sum(lk), Hkv, D, dtype=dtype)
     v = rnd(sum(lk), Hkv, D, dtype=dtype)
     scale = 1 / math.sqrt(D)
-    got = at.prefill_attention(q, k, v, i32(offsets(lq)), i32(offsets(lk)), max(lq), max(lk), causal=causal,
-                               hw=TARGET, **feat)  # fmt: skip
+    got = ATT.prefill(q, k, v, i32(offsets(lq)), i32(offsets(lk)), max(lq), max(lk), causal=causal, hw=TARGET,
+                      kernel=kernel, **feat)  # fmt: skip
     fref = {"window": feat.get("window_size", (-1, -1)), "softcap": feat.get("softcap", 0.0),
             "alibi": feat.get("alibi_slopes"), "sinks": feat.get("sinks")}  # fmt: skip
     check(got, prefill_ref(q, k, v, lq, lk, causal=causal, scale=scale, **fref), dtype)
@@ -217,6 +217,36 @@ def test_prefill_serves_head_dims_between_the_tiles(head_dim):
     # Not powers of two: the 64-, 128- and 256-wide tiles run with their columns past head_dim
     # masked; q, k, v keep their own width (and a stride that is not a multiple of the tile).
     prefill_case(head_dim, torch.float16, [3, 17], [3, 24], H=2, Hkv=1, causal=True)
+
+
+# Windows several key tiles wide on small tiles (32 query rows, 16 or 32 keys): a row block's
+# key tiles run masked across the window's left edge, whole (unmasked) inside it, masked across
+# its right edge and the end of the keys; queries shorter and longer than their keys.
+WIDE_WINDOWS = {
+    "causal_left": dict(causal=True, window_size=(40, -1)),
+    "causal_left_tile_multiple": dict(causal=True, window_size=(63, 0)),
+    "full_both": dict(causal=False, window_size=(37, 21)),
+    "full_right_only": dict(causal=False, window_size=(-1, 25)),
+    "full_left_only": dict(causal=False, window_size=(50, -1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WIDE_WINDOWS))
+def test_prefill_wide_windows_mask_only_their_edge_tiles(name):
+    kernel = at.KERNELS["_prefill_fp32_32x16_w4_s1"]
+    prefill_case(64, torch.float32, [70, 130, 9], [130, 130, 100], H=2, Hkv=1, kernel=kernel,
+                 **WIDE_WINDOWS[name])  # fmt: skip
+
+
+def test_prefill_wide_window_with_every_feature_in_fp16():
+    kernel = at.KERNELS["_prefill_16bit_32x32_w4_s1"]
+    feat = materialize(dict(causal=True, window_size=(70, 0), softcap=3.0, alibi=True, sinks=True))
+    prefill_case(64, torch.float16, [100, 33], [160, 33], H=H, kernel=kernel, **feat)
+
+
+def test_prefill_softcap_saturates_without_overflow():
+    # Scores far past the cap (|scale q.k / softcap| up to ~1e3): tanh is +-1 there, never NaN.
+    prefill_case(64, torch.float32, [40], [70], H=2, Hkv=1, causal=False, softcap=0.5, q_scale=30.0)
 
 
 def test_a_window_skips_the_key_tiles_outside_it():

@@ -225,3 +225,20 @@ def test_moe_fp8_bench_smoke(tmp_path):
     assert rows[1]["fp8_block_bw_frac_copy"] > 0 and "fp8_block_bw_frac_copy" not in rows[33]
     if PEERS.is_file():
         assert "vllm block" in rows[1]["us"] and rows[1]["fp8_block_vs_vllm"] > 0
+
+
+def test_attention_sweep_smoke(tmp_path):
+    """bench/attention_sweep.py on its smoke cases (a windowed prefill, an fp8 decode): every
+    config checked against its reference and timed, the spec's config marked, a best per case."""
+    run_bench("attention_sweep.py", tmp_path, "--only", "d=128 window|d=64 fp8", "--json", str(tmp_path / "s.json"))
+    result = json.loads((tmp_path / "s.json").read_text())
+    cases = result["prefill"] + result["decode"]
+    assert [c["name"] for c in cases] == ["prefill d=128 window", "decode d=64 fp8"]
+    for case in cases:
+        assert case["configs"] and all(c["ok"] and c["rel_err"] < 2e-2 for c in case["configs"]), case
+        assert "best" in case
+    fp8 = result["decode"][0]["configs"]
+    # The fp8 tiles with both conversions, the spec's own tile (fp16 conversion) marked once.
+    assert {c["fp8_via_f16"] for c in fp8} == {True, False}
+    assert sum(c["spec"] for c in fp8) == 1
+    assert result["errors"] == [] and result["skipped"] == []

@@ -104,3 +104,27 @@ def test_fp8_decode_and_paged_prefill_at_serving_sizes(head_dim, H, Hkv):
         ref = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1)
         assert rel(got[c[j] : c[j + 1]], ref) < 1e-2, j
         assert math.isfinite(rel(got[c[j] : c[j + 1]], ref))
+
+
+def test_fp8_decode_bf16_queries_past_the_fp16_range():
+    """bf16 queries over an fp8 cache run fp16 dots (FP8_VIA_F16): a query past fp16's range
+    (|q| ~ 1e5 > 65504) is divided by a power of two before its conversion and the scale takes
+    it back, so the output stays finite and matches fp32 on the dequantized cache; tiny and
+    ordinary queries too."""
+    from generated import attention as at
+
+    served()
+    lens = [3000, 17, 1000]
+    table, kc, vc, _, _, ks, vs = setup(lens, 2, 128, seed=1)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(lens), 8, 128, device="cuda")
+    q[0] *= 2e4
+    q[1] *= 1e-6
+    q = q.bfloat16()
+    assert q[0].float().abs().max() > 65504
+    out = at.decode_attention(q, kc, vc, table, seq_lens, k_scale=ks, v_scale=vs)
+    for i, n in enumerate(lens):
+        k, v = gathered(kc, table, i, n, ks), gathered(vc, table, i, n, vs)
+        ref = F.scaled_dot_product_attention(q[i : i + 1, :, None].float(), k, v, enable_gqa=True)[0, :, 0]
+        assert torch.isfinite(out[i]).all(), i
+        assert rel(out[i], ref) < 1e-2, i

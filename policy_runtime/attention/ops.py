@@ -70,14 +70,28 @@ def _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC: tl.constexpr, SOFTCAP: 
     # scaled scores before any mask or bias) softcap * tanh(q k^T * scale / softcap) * log2(e).
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
     if SOFTCAP:
-        x = s * (sm_scale / softcap)
-        # tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|): no overflow at any |x|.
-        e = tl.exp(-2.0 * tl.abs(x))
-        t = (1.0 - e) / (1.0 + e)
-        s = tl.where(x < 0.0, -t, t) * (softcap * 1.4426950408889634)
+        # tanh(x) = 1 - 2 / (1 + 2^(2 x log2(e))), x = s * scale / softcap: one exp2 and one
+        # division an element (2^+inf = inf gives 1, 2^-inf = 0 gives -1: no overflow at any x),
+        # times softcap * log2(e) for the base-2 softmax.
+        c = softcap * 1.4426950408889634
+        e = tl.math.exp2(s * (2.8853900817779268 * sm_scale / softcap))
+        s = c - (2.0 * c) / (1.0 + e)
     else:
         s = s * qk_scale
     return s
+
+
+@triton.jit
+def _fp16_query(q, sm_scale):
+    # A bf16 query tile as fp16, for dots with fp8 tiles converted to fp16 (e4m3 -> fp16 is one
+    # paired instruction and exact; e4m3 -> bf16 takes several, on every element of every tile).
+    # Exact: q is divided by 2^e, the power of two that brings |q| under 2^15 (e = 0 for any
+    # ordinary query), and 2^e joins the scale; fp16 holds bf16's 8 significant bits from 2^-17
+    # up, and the P operand of the V dot is then fp16 too (11 bits for bf16's 8).
+    qf = q.to(tl.float32)
+    qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
+    e = tl.maximum(tl.math.ceil(tl.math.log2(qmax)) - 15.0, 0.0)
+    return (qf * tl.math.exp2(-e)).to(tl.float16), sm_scale * tl.math.exp2(e)
 
 
 @triton.jit
@@ -206,11 +220,30 @@ def prefill_body(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, s
     shift = k_len - q_len
     diag = offs_m + shift
     if WINDOW:
-        # The key tiles that meet some row's window [diag - win_left, diag + win_right], all
-        # masked (CAUSAL: win_right is 0).
-        lo = tl.maximum(m_block * BLOCK_M + shift - win_left, 0)
-        hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift + win_right)
-        for start in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
+        # The key tiles that meet some row's window [diag - win_left, diag + win_right] (CAUSAL:
+        # win_right is 0), in three runs: masked tiles across the window's left edge, unmasked
+        # tiles every row sees whole, masked tiles across its right edge (the diagonal) and the
+        # end of the keys.  Tile starts stay multiples of BLOCK_N from lo's tile.
+        first_diag = m_block * BLOCK_M + shift
+        lo = (tl.maximum(first_diag - win_left, 0) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(k_len, first_diag + BLOCK_M + win_right)
+        # Keys every row sees: j >= the last row's left bound, j <= the first row's right bound.
+        full_lo = tl.maximum(first_diag + BLOCK_M - 1 - win_left, 0)
+        full_lo = lo + tl.cdiv(tl.maximum(full_lo - lo, 0), BLOCK_N) * BLOCK_N
+        full_hi = tl.minimum(first_diag + win_right + 1, k_len)
+        full_hi = tl.maximum(lo + (tl.maximum(full_hi - lo, 0) // BLOCK_N) * BLOCK_N, full_lo)
+        edge = tl.minimum(full_lo, full_hi)
+        for start in range(lo, tl.minimum(edge, hi), BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
+                                          skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP, ALIBI,
+                                          PAGED, BLOCK_SIZE, KV_FP8)
+        for start in range(edge, full_hi, BLOCK_N):
+            acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
+                                          sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
+                                          skb, svb, False, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP,
+                                          ALIBI, PAGED, BLOCK_SIZE, KV_FP8)
+        for start in range(tl.maximum(full_hi, edge), hi, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
                                           sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
                                           skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP, ALIBI,
@@ -249,7 +282,7 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
             svt, svh, sos, soh, win_len, softcap, alibi_ptr, sinks_ptr, k_scale, v_scale, HEAD_DIM: tl.constexpr,
             HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr, WINDOW: tl.constexpr,
             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr,
-            BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+            BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP8_VIA_F16: tl.constexpr):
     # grid = (sequences, KV heads, partitions).  One program serves the `group` query heads of
     # one KV head (their rows padded to Q_ROWS for the tensor cores), so a KV tile is read once
     # per group.  A sequence's context is its last `span` tokens: all of them, or (WINDOW) the
@@ -261,6 +294,7 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
     # and SINKS (in partition 0's state) as in prefill_body.  KV_FP8 (vLLM's fp8 cache): e4m3fn tiles
     # converted to the query's dtype after the load, k_scale folded into the logits scale and
     # v_scale into the output (before a V2 partial is stored: the merge is linear in it).
+    # FP8_VIA_F16 (bf16 queries over an fp8 cache): the tiles become fp16, not bf16 (_fp16_query).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -294,6 +328,9 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
     v_head = vc_ptr + kv_head * svh
     if KV_FP8:
         sm_scale = sm_scale * tl.load(k_scale)
+        if FP8_VIA_F16:
+            if q.dtype == tl.bfloat16:
+                q, sm_scale = _fp16_query(q, sm_scale)
     qk_scale = sm_scale * 1.4426950408889634
     if ALIBI:
         slopes = tl.load(alibi_ptr + heads, mask=in_group, other=0.0).to(tl.float32) * 1.4426950408889634
