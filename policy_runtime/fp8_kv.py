@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "round_half_even", "to_e4m3", "unserved_error"]
+__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "kv_scales", "round_half_even", "to_e4m3", "unserved_error"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 # vLLM's names of an e4m3 cache ("fp8" is e4m3 on CUDA); "auto" stores the model's dtype.
@@ -73,6 +73,17 @@ def kv_scale(op: str, name: str, value: Any, device: torch.device) -> torch.Tens
             _SCALES.clear()
         t = _SCALES[key] = torch.full((1,), s, dtype=torch.float32, device=device)
     return t
+
+
+def kv_scales(op: str, fp8: bool, k_scale: Any, v_scale: Any, device: torch.device,
+              fp8_means: str = "an fp8 (float8_e4m3fn) KV cache") -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(k_scale, v_scale) as one-element fp32 tensors with an fp8 cache (``kv_scale``); None
+    without one, where scales are a ValueError (they apply only to ``fp8_means``)."""
+    if not fp8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"{op}: k_scale / v_scale apply only to {fp8_means}")
+        return None
+    return kv_scale(op, "k_scale", k_scale, device), kv_scale(op, "v_scale", v_scale, device)
 
 
 def unserved_error(op: str, target: str, missing: str, spec: str, served: Optional[list[str]] = None) -> ValueError:
