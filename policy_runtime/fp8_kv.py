@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "round_half_even", "to_e4m3", "unserved_error"]
+__all__ = ["FP8_DTYPE", "KV_CACHE_DTYPES", "is_fp8_kv", "kv_scale", "kv_scales", "round_half_even", "to_e4m3", "unserved_error"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 # vLLM's names of an e4m3 cache ("fp8" is e4m3 on CUDA); "auto" stores the model's dtype.
@@ -75,6 +75,17 @@ def kv_scale(op: str, name: str, value: Any, device: torch.device) -> torch.Tens
     return t
 
 
+def kv_scales(op: str, fp8: bool, k_scale: Any, v_scale: Any, device: torch.device,
+              fp8_means: str = "an fp8 (float8_e4m3fn) KV cache") -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(k_scale, v_scale) as one-element fp32 tensors with an fp8 cache (``kv_scale``); None
+    without one, where scales are a ValueError (they apply only to ``fp8_means``)."""
+    if not fp8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"{op}: k_scale / v_scale apply only to {fp8_means}")
+        return None
+    return kv_scale(op, "k_scale", k_scale, device), kv_scale(op, "v_scale", v_scale, device)
+
+
 def unserved_error(op: str, target: str, missing: str, spec: str, served: Optional[list[str]] = None) -> ValueError:
     """The error of an fp8 KV call on a target without e4m3fn (the config in ``spec`` requires it)."""
     tail = f"; served targets: {', '.join(sorted(served))}" if served else ""
@@ -96,17 +107,18 @@ def round_half_even(a):
 
 @triton.jit
 def to_e4m3(x):
-    # saturate(x) rounded to nearest even on e4m3fn's grid, as float8e4nv.  The rounding is done in
-    # fp32 first, so that the final cast is exact: hardware's cvt.rn.satfinite gives the same bytes,
-    # and Triton's interpreter (whose fp32 -> fp8 cast drops the carry of a mantissa that rounds up
-    # into the next binade) does too.  Normal values (|x| >= 2^-6) keep 3 mantissa bits (integer
-    # arithmetic on the bits); subnormal ones are multiples of 2^-9: |x| * 2^9 rounded to an integer,
-    # ties to even, in integer arithmetic too (no float add-and-subtract trick a compiler may fold),
-    # the sign put back after (a negative value that rounds to zero is -0.0, byte 0x80).
-    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
-    normal = bits.to(tl.float32, bitcast=True)
-    sub = round_half_even(tl.minimum(tl.abs(x), 0.015625) * 512.0) * 0.001953125
-    sub = tl.where(x < 0, -sub, sub)
-    return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)
+    # saturate(x) rounded to nearest even on e4m3fn's grid, as float8e4nv.  The byte is built in
+    # integer arithmetic and bitcast, so no float -> fp8 conversion runs: its lowering differs
+    # between Triton's versions and its interpreter (whose cast drops the carry of a mantissa that
+    # rounds up into the next binade), and a GPU compile found bytes other than torch's cast.
+    # Normal values (|x| >= 2^-6): the fp32 bits rounded to 3 mantissa bits (ties to even), the
+    # exponent rebiased from 127 to 7.  Subnormal ones are multiples of 2^-9: |x| * 2^9 rounded to
+    # an integer, ties to even (0..8; 8 is 2^-6, the smallest normal's byte).  The sign is x's bit,
+    # so a negative value that rounds to zero is -0.0 (byte 0x80), as torch's cast gives.
+    a = tl.minimum(tl.abs(x), 448.0)
+    bits = a.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20) - 960  # 960 = (127 - 7) << 3
+    sub = round_half_even(tl.minimum(a, 0.015625) * 512.0).to(tl.uint32)
+    mag = tl.where(a < 0.015625, sub, normal)
+    sign = (x.to(tl.uint32, bitcast=True) >> 24) & 0x80
+    return (mag | sign).to(tl.uint8).to(tl.float8e4nv, bitcast=True)

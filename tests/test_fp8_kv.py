@@ -320,7 +320,7 @@ def test_scales_without_an_fp8_cache_and_bad_cache_dtypes():
         C.reshape_and_cache(key, key, kc, kc, slots, "fp8_e5m2", 1.0, 1.0, hw="h200")
     with pytest.raises(TypeError, match=r"must equal torch.float8_e4m3fn .*view\(torch.float8_e4m3fn\)"):
         C.reshape_and_cache(key, key, kc, kc, slots, "fp8", 1.0, 1.0, hw="h200")
-    with pytest.raises(ValueError, match="k_scale / v_scale apply only with kv_cache_dtype='fp8'"):
+    with pytest.raises(ValueError, match="k_scale / v_scale apply only to kv_cache_dtype='fp8'"):
         C.reshape_and_cache(key, key, kc, kc, slots, "auto", 1.0, None, hw="h200")
     kc8 = kc.to(FP8)
     with pytest.raises(ValueError, match="k_scale must be positive and finite"):

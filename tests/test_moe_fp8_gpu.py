@@ -2,10 +2,21 @@
 
 - The FP8 tensor-core path (e4m3 ``tl.dot``) and bf16 output, on every bucket of the device's
   policy, both scalings, against float64 on the dequantized inputs with the activations quantized
-  as the call does (tests/test_moe_fp8.py's reference).  The GPU's FP8 MMA accumulates a tile's
-  products in fewer bits than fp32 (scaled_mm measured up to 5.7e-4), its fp32 division may
-  differ by an ulp from torch's (a rounding flip in an e4m3 element), and the output is bf16:
-  ``GPU_TIGHT`` holds 1.5e-2 (relative Frobenius norm).
+  as the call does (tests/test_moe_fp8.py's reference).  ``GPU_TIGHT`` (1.5e-2, relative Frobenius
+  norm) holds a fixed intermediate scale; scales computed from the intermediate get
+  ``rescaled_bound`` (1.5 x the case's intermediate e4m3 error, 2-2.7e-2 here).  Why, measured on
+  the CPU (float64 reference, E 16, top-4, H 1024, I 512, bf16; torch's e4m3 casts): relative noise
+  on the up GEMM's output of 1e-4 / 3e-4 / 1e-3 / 3e-3 moves the output by 3.5e-3 / 5.7e-3 /
+  1.0e-2 / 1.8e-2 (static scale, T 1000: the flips of single e4m3 steps), so the 2.5e-2 seen there
+  needs about 5e-3: Hopper's FP8 MMA without promotion (Triton's sm_90 default
+  max_num_imprecise_acc is 2^30; DeepSeek-V3 reports up to 2% at K 4096).  The per-tensor kernels
+  now add each K tile's dot into the fp32 accumulator (``max_num_imprecise_acc=BLOCK_K``).  With a
+  dynamic scale, an amax one ulp of bf16 away from the reference's re-rounds its whole group:
+  2.0e-2 (block, T 1, all groups) and 2.6e-2 (per tensor, T 1000); fp16 swigluoai (H 96, I 48,
+  intermediate error 2.5e-2) reaches 3.5e-2 = sqrt(2) x 2.5e-2 when every element is rounded
+  afresh, the 3.5e-2 seen on the H200.  No accumulation precision removes that: the test cannot see
+  the kernel's scale.  Both bounds stay below the quantization error against the unquantized
+  layer (6.2-6.8%, tests/test_moe_fp8.py).
 - After ``python -m policy_runtime.warmup --modules moe`` in one process (an empty Triton cache),
   a fresh process's first fused_moe_fp8 calls (each bucket, both scalings, static and dynamic
   per-tensor scales) compile nothing: no new cache entries and no cache misses where Triton has
@@ -36,7 +47,7 @@ def _target():
 
 @pytest.mark.parametrize("block", [False, True], ids=["tensor", "block"])
 def test_every_bucket_bf16_against_dequantized(block):
-    from test_moe_fp8 import dequant_weights, layer, reference
+    from test_moe_fp8 import dequant_weights, layer, reference, rescaled_bound
 
     M, hw = _target()
     if hw in M.UNSERVED_FP8:
@@ -59,10 +70,12 @@ def test_every_bucket_bf16_against_dequantized(block):
             out = M.fused_moe_fp8(*dev[:5], w1_scale=dev[5], w2_scale=dev[6], a1_scale=a1, a2_scale=a2,
                                   block_shape=[128, 128] if block else None, hw=hw)  # fmt: skip
             assert out.dtype == torch.bfloat16
-            ref = reference(x, dequant_weights(w1q, w1s), dequant_weights(w2q, w2s), weights, ids, block=block,
-                            a1=None if a1 is None else a1.cpu(), a2=None if a2 is None else a2.cpu())  # fmt: skip
+            ref, ierr = reference(x, dequant_weights(w1q, w1s), dequant_weights(w2q, w2s), weights, ids,
+                                  block=block, a1=None if a1 is None else a1.cpu(),
+                                  a2=None if a2 is None else a2.cpu(), intermediate_error=True)  # fmt: skip
             err = ((out.cpu().double() - ref).norm() / ref.norm()).item()
-            assert err < GPU_TIGHT, (T, bucket.name, a, err)
+            bound = GPU_TIGHT if a else max(GPU_TIGHT, rescaled_bound(ierr, dynamic=True))
+            assert err < bound, (T, bucket.name, a, err, bound)
     assert seen == {b.name for b in M.buckets(hw=hw, dtype=torch.float8_e4m3fn)}
 
 

@@ -32,6 +32,7 @@ from generated import transform as transform_ops
 from policy_runtime.cache import ops as rt_cache
 from policy_runtime import launch
 from policy_runtime.transform import ops as rt_transform
+from policy_runtime.moe.ops import TOPK_ONE_ROW_MAX_T
 from policy_runtime.warmup import engine as W
 from policy_runtime.matmul.warmup import MatmulDriver
 from policy_runtime.warmup import calls as warmup_calls
@@ -214,9 +215,9 @@ def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
     counts = sorted({2**j + d for j in range(17) for d in (-1, 0, 1)} - {0})
     reached = {moe.select(t, inter, hw=target).name for t in counts}
     covered = [c.covers[3] for c in plan.calls if c.covers[:3] == ("fused_moe", "qwen36", "bfloat16")]
-    # Each bucket once for each activation (qwen36 names none: every one fused_moe has).
+    # Each bucket once, with the activation of qwen36's MoERouting record (silu).
     acts = [c.covers[5] for c in plan.calls if c.covers[:3] == ("fused_moe", "qwen36", "bfloat16")]
-    assert acts == [a for b in buckets if b.name in reached for a in ("silu", "gelu", "swigluoai")]
+    assert acts == [a for b in buckets if b.name in reached for a in ("silu",)]
     assert list(dict.fromkeys(covered)) == [b.name for b in buckets if b.name in reached]
     unreached = {b.name for b in buckets} - reached
     noted = [n for n in plan.notes if n.startswith(f"moe {target} ")]
@@ -243,6 +244,31 @@ def test_moe_calls_cover_every_bucket_of_each_model_with_experts(target):
     }
     assert set(paths) == {"one row", "tiles"} and paths["one row"] != paths["tiles"]
     assert not any(c.covers[1] == "llama31_8b" for c in plan.calls if c.module == "generated.moe")
+
+
+@pytest.mark.parametrize("target", ["h200", "mi300x"])
+def test_moe_routers_follow_the_routing_record_and_cover_float32_logits(target):
+    """Issue 36: the routers warm-up compiles are the model's MoERouting record's (scoring, bias,
+    groups, scaling; grouped_topk alone where the record says grouped), for the warmed dtype and
+    for float32 logits (issue 35: a float32 router's first call after warm-up compiled)."""
+    plan = planned(target, models=("qwen36", "deepseek_v3"), dtypes=("bfloat16",))
+    routers = {(c.covers[1], c.op, *c.args[1:]) for c in plan.calls if c.op in ("topk_softmax", "grouped_topk")}
+    for model in ("qwen36", "deepseek_v3"):
+        rec = dispatch.dispatch_kernel_config("moe_routing", target, model)
+        dims = dispatch.MODEL_DIMS[model]
+        E, k = dims["num_experts"], dims["top_k"]
+        want = set()
+        for dtype in ("bfloat16", "float32"):
+            for T in (1, TOPK_ONE_ROW_MAX_T + 1):
+                for renorm in (True, False):
+                    if rec.grouped:
+                        want.add(("grouped_topk", dtype, T, E, k, renorm, rec.scoring, rec.score_bias,
+                                  rec.num_expert_group, rec.topk_group, rec.routed_scaling_factor))  # fmt: skip
+                    else:
+                        want.add(("topk_softmax", dtype, T, E, k, renorm))
+        assert {r[1:] for r in routers if r[0] == model} == want, model
+    deepseek = dispatch.dispatch_kernel_config("moe_routing", target, "deepseek_v3")
+    assert deepseek.grouped and deepseek.scoring == "sigmoid" and deepseek.score_bias
 
 
 def plan_keys(planner, *rest, max_tokens):

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .. import launch as _launch
-from ..fp8_kv import FP8_DTYPE, kv_scale, unserved_error
+from ..fp8_kv import FP8_DTYPE, kv_scales, unserved_error
 from ..sizing import grid_even_share
 
 __all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Selected", "record_uses"]
@@ -1103,12 +1103,8 @@ def _kv_dtype(op: str, k: tuple[str, torch.Tensor], v: tuple[str, torch.Tensor],
 def _kv_scales(op: str, kv_fp8: bool, k_scale: Any, v_scale: Any,
                device: torch.device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """The fp8 cache's (k_scale, v_scale) as one-element fp32 tensors; None for a 16/32-bit cache
-    (which takes no scales)."""
-    if not kv_fp8:
-        if k_scale is not None or v_scale is not None:
-            raise ValueError(f"{op}: k_scale / v_scale apply only to an fp8 (float8_e4m3fn) KV cache")
-        return None
-    return kv_scale(op, "k_scale", k_scale, device), kv_scale(op, "v_scale", v_scale, device)
+    (which takes no scales): policy_runtime/fp8_kv.py's kv_scales."""
+    return kv_scales(op, kv_fp8, k_scale, v_scale, device)
 
 
 def _check_cu_seqlens(op: str, cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..fp8_kv import FP8_DTYPE, is_fp8_kv, kv_scale, to_e4m3, unserved_error
+from ..fp8_kv import FP8_DTYPE, is_fp8_kv, kv_scales, to_e4m3, unserved_error
 from ..launch import (
     INDEX_DTYPES,
     LaunchPlan,
@@ -98,8 +98,7 @@ class CacheKernels:
                 f"(kv_cache_dtype={kv_cache_dtype!r}, key {key.dtype})"
                 + ("; a uint8 cache of vLLM's: pass cache.view(torch.float8_e4m3fn)" if fp8 else "")
             )
-        if not fp8 and (k_scale is not None or v_scale is not None):
-            raise ValueError(f"{op}: k_scale / v_scale apply only with kv_cache_dtype='fp8'")
+        scales = kv_scales(op, fp8, k_scale, v_scale, key.device, "kv_cache_dtype='fp8'")
         _, kvh, hs = key.shape
         nb, bs, ckvh, chs = key_cache.shape
         if (ckvh, chs) != (kvh, hs):
@@ -123,9 +122,8 @@ class CacheKernels:
         check_device(op, "key_cache", key_cache, dev, "key")
         check_device(op, "value_cache", value_cache, dev, "key")
         check_device(op, "slot_mapping", slot_mapping, dev, "key")
-        if fp8:
-            ks = kv_scale(op, "k_scale", k_scale, key.device)
-            vs = kv_scale(op, "v_scale", v_scale, key.device)
+        if scales is not None:
+            ks, vs = scales
         target = self.target_name(hw, key.device)
         kname = "reshape_and_cache_fp8" if fp8 else "reshape_and_cache"
         if fp8 and target in self.unserved:

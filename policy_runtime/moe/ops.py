@@ -17,8 +17,8 @@ cache), the output once.  Index arithmetic into the weights and the routed rows 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Optional
 
 import torch
 import triton
@@ -988,9 +988,11 @@ def _route(
 class MoE(PolicyTables):
     """fused_moe, buckets and select of generated/moe.py, over its tables (each target's
     ``Policy`` per variant); ``fp8``: fused_moe_fp8's (policy_runtime.moe_fp8.MoEFp8), which
-    serve the dtype float8_e4m3fn."""
+    serve the dtype float8_e4m3fn; ``routing``: each model's MoERouting record by target (the
+    router and activation its layers call, which warm-up compiles)."""
 
     fp8: Any = None
+    routing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def policy(self, dtype: torch.dtype, hw: Any, device: Any) -> Policy:
         if self.fp8 is not None and dtype == torch.float8_e4m3fn:

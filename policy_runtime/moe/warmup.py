@@ -1,5 +1,7 @@
 """generated/moe.py's warm-up driver (hand-written; policy_runtime/warmup/ runs it).
 
+A model's routing and activation are its MoERouting record on the target (``WARMUP_TABLES.routing``;
+its MODEL_DIMS entry where the tables have none), as attention's driver reads AttentionFeatures.
 Calls covered, in the dtypes asked: fused_moe (the model's ``moe_activation``, or every
 activation where it names none; int32 topk_ids, fp32 topk_weights, no expert_map) for each bucket
 of ``moe_launch`` (at the first token count up to 2**16 it serves) and each model with experts
@@ -10,7 +12,8 @@ renormalizing and not, at a decode token count (a token a program) and above (ti
 the first prefill's routing compiles nothing either); and grouped_topk likewise, for the model's
 ``moe_scoring`` (or softmax and sigmoid), with and without a correction bias (fp32), with its
 ``moe_num_expert_group``, ``moe_topk_group`` and ``moe_routed_scaling_factor`` (none where it
-names none). fused_moe_fp8 (targets with e4m3fn; hidden_states in each dtype asked) for each
+names none); the routers' logits in each dtype asked and in float32 (vLLM's routers take
+both; a float32 router is common). fused_moe_fp8 (targets with e4m3fn; hidden_states in each dtype asked) for each
 bucket of ``moe_fp8_launch`` the model's shape reaches, each activation as above, with static
 per-tensor activation scales, dynamic ones and 128-block scales (where H and I are multiples of
 128), scales float32 and contiguous. fused_moe with an ``expert_map`` compiles on first use.
@@ -45,6 +48,7 @@ class MoEDriver:
             )
             if not (E and k and inter and hidden):
                 continue
+            dims = self._with_routing(model, dims, opts.target)
             for dtype in opts.dtypes:
                 buckets, select = self.moe.policies[self.moe.variant_of_dtype[torch_dtype(dtype)]][opts.target]
                 # The buckets this model's expert shape reaches (a bucket for another shape is
@@ -64,14 +68,34 @@ class MoEDriver:
                         args = (opts.target, dtype, counts[i], E, k, inter, hidden, act)
                         calls.append(Call(self.module, "fused_moe", args, what, 3))
                 calls += self._fp8_calls(opts, model, dtype, inter, acts, notes)
+            # The routers' logits: each dtype asked, and float32 (once).
+            for dtype in list(dict.fromkeys([*opts.dtypes, "float32"])):
                 # A token a program up to TOPK_ONE_ROW_MAX_T tokens, tiles of tokens above.
                 for path, T in (("one row", 1), ("tiles", TOPK_ONE_ROW_MAX_T + 1)):
                     for renormalize in (True, False):
-                        what = ("topk_softmax", model, dtype, "renormalize" if renormalize else "plain", path)
-                        args = (opts.target, dtype, T + 2 if opts.pick == "other" else T, E, k, renormalize)
-                        calls.append(Call(self.module, "topk_softmax", args, what))
+                        if not dims.get("moe_grouped"):
+                            what = ("topk_softmax", model, dtype, "renormalize" if renormalize else "plain", path)
+                            args = (opts.target, dtype, T + 2 if opts.pick == "other" else T, E, k, renormalize)
+                            calls.append(Call(self.module, "topk_softmax", args, what))
                         calls += self._routers(opts, model, dims, dtype, path, T, renormalize)
         return calls, notes
+
+    def _with_routing(self, model: str, dims: dict, target: str) -> dict:
+        """``dims`` with the model's MoERouting record on ``target`` in MODEL_DIMS' names (and
+        ``moe_grouped``: its router is grouped_topk alone); ``dims`` where the tables have none."""
+        rec = getattr(self.moe, "routing", {}).get(model, {}).get(target)
+        if rec is None:
+            return dims
+        return {
+            **dims,
+            "moe_scoring": rec.scoring,
+            "moe_score_bias": rec.score_bias,
+            "moe_num_expert_group": rec.num_expert_group,
+            "moe_topk_group": rec.topk_group,
+            "moe_routed_scaling_factor": rec.routed_scaling_factor,
+            "moe_activation": rec.activation,
+            "moe_grouped": rec.grouped,
+        }
 
     def _routers(
         self, opts: Options, model: str, dims: dict, dtype: str, path: str, T: int, renormalize: bool
@@ -83,9 +107,11 @@ class MoEDriver:
         groups, topk_group = dims.get("moe_num_expert_group") or 1, dims.get("moe_topk_group") or 1
         scale = dims.get("moe_routed_scaling_factor") or 1.0
         scorings = [dims["moe_scoring"]] if dims.get("moe_scoring") else list(SCORINGS)
+        # A record names its bias; MODEL_DIMS without one: with and without.
+        biases = [bool(dims["moe_score_bias"])] if "moe_grouped" in dims else [False, True]
         calls = []
         for scoring in scorings:
-            for bias in (False, True):
+            for bias in biases:
                 if scoring == "softmax" and not bias and groups == 1 and scale == 1.0:
                     continue
                 what = ("grouped_topk", model, dtype, scoring, "bias" if bias else "no bias",

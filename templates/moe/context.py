@@ -113,6 +113,11 @@ def context(ctx: dict[str, Any]) -> dict[str, Any]:
         "policies": policies,
         "tables": tables,
         **fp8_context(ctx["configs"]["moe_fp8_launch"]),
+        # Each model's MoERouting (the default variant, per model and target): warm-up's routers.
+        "routing_tables": [
+            {"model": e["model"], "table": e["table"]}
+            for e in ctx["configs"]["moe_routing"]["variants"]["moe_routing"]["by_model"]
+        ],
     }
 
 
