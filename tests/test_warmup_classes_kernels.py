@@ -58,7 +58,8 @@ def odd_calls(target, model, dims, dtype):
     if rec is not None:
         dims = {"sliding_window": rec.sliding_window, "logit_softcap": rec.softcap, "alibi": rec.alibi,
                 "attention_sinks": rec.sinks}  # fmt: skip
-    sets = [_attention_kwargs(tuple(sorted(f.items())), nq, CPU) for _, f in attention_feature_sets(dims)]
+    device = torch.get_default_device()  # the GPU test runs these calls on CUDA tensors
+    sets = [_attention_kwargs(tuple(sorted(f.items())), nq, device) for _, f in attention_feature_sets(dims)]
     scale = torch.ones(1, dtype=torch.float32)
     for T in (1, 7, 33, 301):
         q2, k2, v2 = qkv_views(T, nq, nk, hd, dtype)
