@@ -319,20 +319,21 @@ def test_memory_bound_calls_cover_every_launch_plan_over_token_counts(target):
                 ),
             }
             for (op, *variant), keys in expected.items():
+                # covers: (op, model, dtype, *variant, argument class, plan)
                 texts = [
-                    c.covers[-1]
+                    c.covers[-2:]
                     for c in plan.calls
-                    if c.covers[0] == op and c.covers[1:3] == (model, dtype) and list(c.covers[3:-1]) == variant
+                    if c.covers[0] == op and c.covers[1:3] == (model, dtype) and list(c.covers[3:-2]) == variant
                 ]
                 # A plan an earlier model's call of the same shape covers (llama31_8b's
                 # intermediate size is gemma2_9b's) is not called again for this one.
                 shared = [
                     c.covers[-1]
                     for c in plan.calls
-                    if c.covers[0] == op and c.covers[2] == dtype and list(c.covers[3:-1]) == variant
+                    if c.covers[0] == op and c.covers[2] == dtype and list(c.covers[3:-2]) == variant
                 ]
                 # Every plan of a token count up to max_tokens has its call (larger counts, sampled,
-                # may add plans), and no plan has two.
+                # may add plans), and no plan has two in one argument class.
                 assert {warmup_calls.plan_text(k) for k in keys} <= set(shared), (model, dtype, op)
                 assert len(texts) == len(set(texts)), (model, dtype, op)
 
@@ -385,8 +386,10 @@ def test_h200_plan_counts():
     # global layers' features (20), less the merge gemma2_9b shares with qwen36 (head_dim 256,
     # merge has no features), plus the windowed sets of gemma2_9b and gpt_oss_20b (prefill causal
     # and not, decode: 6); and over an fp8 KV cache, in each of those 7 feature sets, the decode
-    # kernel and the paged causal prefill (14; the merge is the same kernel).
-    assert by_module["generated.attention"] == 2 * (5 * 4 - 1 + 2 * 3 + 7 * 2)
+    # kernel and the paged causal prefill (14; the merge is the same kernel); and the causal
+    # prefill over a paged 16-bit cache in each (7).  One layout class of q/k/v each: every
+    # model's head_dim is a multiple of 16 (tests/test_warmup_classes_kernels.py).
+    assert by_module["generated.attention"] == 2 * (5 * 4 - 1 + 2 * 3 + 7 * 2 + 7)
     assert len({u.key for u in plan.units}) == len(plan.units)
 
 

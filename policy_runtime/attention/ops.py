@@ -1007,8 +1007,13 @@ class Attention:
             raise ValueError(f"decode_attention: {parts} partitions of {H} heads exceed the launch grid")
         if parts > 1:
             part_o = torch.empty((S, H, parts, D), dtype=torch.float32, device=query.device)
-            part_ml = torch.empty((2, S, H, parts), dtype=torch.float32, device=query.device)
-            part_m, part_l = part_ml[0], part_ml[1]
+            # part_m then part_l in one buffer, part_l at a multiple of 4 floats: Triton specializes
+            # pointers on 16-byte alignment, and S * H * parts floats in would compile a second
+            # decode kernel and merge for the calls where that product is not a multiple of 4.
+            n = S * H * parts
+            step = _launch.cdiv(n, 4) * 4
+            part_ml = torch.empty(step + n, dtype=torch.float32, device=query.device)
+            part_m, part_l = part_ml[:n], part_ml[step:]
         else:
             # Not read (every sequence is V1), but fp32 like the real buffers: a pointer of another
             # dtype would compile a second kernel.

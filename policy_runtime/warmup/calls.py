@@ -8,7 +8,8 @@ over token counts come from ``launch_plans``, a bucketed kernel's token counts f
 Argument classes (Triton specializes on tensors' dtypes and 16-byte alignment, on integers equal
 to 1 or divisible by 16, on constants): what a serving call of the models in
 ``generated.dispatch.MODEL_DIMS`` (all, or ``models``) passes, tensors 16-byte aligned as torch
-allocates them.
+allocates them.  ``int_class`` names an integer argument's class; a driver keeps one layout per
+class with ``first_of_each_class``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ __all__ = [
     "launch_plans",
     "plan_text",
     "bucket_counts",
+    "int_class",
+    "first_of_each_class",
 ]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -45,7 +48,6 @@ DEFAULT_DTYPES = ("bfloat16", "float16")
 DEFAULT_BLOCK_SIZE = 16
 # Token counts searched exhaustively for launch plans and buckets (larger ones are sampled).
 DEFAULT_MAX_TOKENS = 16384
-
 
 
 @dataclass(frozen=True)
@@ -156,3 +158,18 @@ def bucket_counts(select: Callable[[int], Any], buckets: Sequence[Any], opts: Op
             ts.append(t)
     return {i: ts[-1] if opts.pick == "other" else ts[0] for i, ts in found.items()}
 
+
+def int_class(v: int) -> str:
+    """How Triton's binder sees an integer argument that it specializes: equal to 1 (a constant),
+    a multiple of 16 (0 included), or neither."""
+    if v == 1:
+        return "1"
+    return "16n" if v % 16 == 0 else "n"
+
+
+def first_of_each_class(candidates: Sequence[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+    """(name, class) candidates, smallest first: the first of each distinct class, in order."""
+    seen: dict[tuple, str] = {}
+    for name, cls in candidates:
+        seen.setdefault(cls, name)
+    return [(name, cls) for cls, name in seen.items()]
