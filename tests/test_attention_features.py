@@ -447,8 +447,8 @@ def test_warm_up_compiles_the_specializations_each_models_features_select():
                 consts = {n: key[1][i] for i, n in enumerate(kernel.arg_names)}
                 got = tuple(consts[f] == ("constexpr", "True") for f in ("WINDOW", "SOFTCAP", "ALIBI", "SINKS"))
                 seen.setdefault(call.covers[1], set()).add((call.covers[0], got))
-    # Each feature set also over an fp8 KV cache where the target has e4m3fn.
-    ops = ("prefill", "decode") + (("prefill fp8 KV", "decode fp8 KV") if TARGET not in at.FP8_UNSERVED else ())
+    # Each feature set also over a 16-bit paged cache, and over an fp8 KV cache where the target has e4m3fn.
+    ops = ("prefill", "prefill paged", "decode") + (("prefill fp8 KV", "decode fp8 KV") if TARGET not in at.FP8_UNSERVED else ())
     both = lambda *sets: {(op, s) for op in ops for s in sets}  # noqa: E731
     off = (False, False, False, False)
     assert seen == {

@@ -121,8 +121,8 @@ def test_warm_up_compiles_the_specializations_the_records_enable(monkeypatch):
         models = ["gemma2_9b", "llama31_8b"]
         return _specializations(W.plan(["generated.attention"], "h200", dtypes=["bfloat16"], models=models))
 
-    # h200 has e4m3fn: each feature set also over an fp8 KV cache.
-    ops = ("prefill", "decode", "prefill fp8 KV", "decode fp8 KV")
+    # Prefill over a 16-bit paged cache too; h200 has e4m3fn: each feature set also over an fp8 KV cache.
+    ops = ("prefill", "prefill paged", "decode", "prefill fp8 KV", "decode fp8 KV")
     both = lambda *sets: {(op, s) for op in ops for s in sets}  # noqa: E731
     seen = plan()
     assert seen == {
@@ -136,16 +136,17 @@ def test_warm_up_compiles_the_specializations_the_records_enable(monkeypatch):
 
 
 def _tight(tmp_path, regs, model_toml):
-    """A copy of the specs with h200's registers at ``regs`` and one more model."""
+    """A copy of the specs with a100's registers at ``regs`` and one more model.  The a100: its
+    tiles follow the base rule (h200 has a policy of its own), and without wgmma its Q tile counts."""
     import shutil
 
     from conftest import REPO
 
     root = tmp_path / "proj"
     shutil.copytree(REPO / "specs", root / "specs")
-    h200 = root / "specs/hardware/h200.toml"
-    text = h200.read_text()
-    h200.write_text(re.sub(r"max_registers_per_thread = 255", f"max_registers_per_thread = {regs}", text))
+    a100 = root / "specs/hardware/a100.toml"
+    text = a100.read_text()
+    a100.write_text(re.sub(r"max_registers_per_thread = 255", f"max_registers_per_thread = {regs}", text))
     (root / "specs/models/probe.toml").write_text(model_toml)
     # The probe alone (at 80 registers the other models' 256-wide tiles would not fit either),
     # and only the attention family.
@@ -194,6 +195,6 @@ def test_a_tile_that_cannot_hold_a_models_features_is_refused_at_build(tmp_path,
         return
     assert result.code == 2 and "Traceback" not in result.err, result.err
     line = next(line for line in result.err.splitlines() if "prefill_regs" in line)
-    assert "specs/kernels/attention.toml:" in line and "model probe" in line and "h200" in line, line
+    assert "specs/kernels/attention.toml:" in line and "model probe" in line and "a100" in line, line
     assert "attention.base.triton_block_n" in line, line
     assert f"prefill_regs = {refused} > hw.max_registers_per_thread = {regs}" in line, line
