@@ -9,7 +9,9 @@ goes through Triton and remembers its ``CompiledKernel``, later ones call it dir
 ``TRITON_INTERPRET=1`` there is no compiled kernel: entries launch through ``interpreted_launch``
 (``kernel[grid](...)``), so the cache logic still runs on the CPU.  ``POLICY_RUNTIME_DIRECT_LAUNCH=0``
 turns the cache off (every launch through Triton; ``enabled`` scopes it in code).  The cache is
-bounded (``LIMIT`` entries, then cleared).  Launch sites reach it through ``launch.launch_kernel``.
+bounded (``LIMIT`` entries, then cleared).  A hit does not re-read Triton's knobs (debug,
+instrumentation) nor re-check the kernel's global values: those are read at a class's first
+launch.  Launch sites reach it through ``launch.launch_kernel``.
 """
 
 from __future__ import annotations
@@ -161,6 +163,8 @@ def _entry(kernel: Any, compiled: Any, args: tuple, kwargs: dict) -> Optional[_E
     # The entry for a launch Triton just ran, or None where it cannot be replayed directly.
     if getattr(kernel, "pre_run_hooks", None):
         return None
+    if not INTERPRET and not isinstance(kernel, triton.runtime.jit.JITFunction):
+        return None  # an autotuner or heuristics wrapper adds arguments of its own: left to Triton
     _, _, names, defaults = _constexprs(kernel)
     given = [n for n in names[len(args) :] if n in kwargs]
     rest = names[len(args) + len(given) :]

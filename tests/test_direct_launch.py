@@ -146,14 +146,15 @@ def test_a_compiled_entry_passes_the_bound_arguments_in_signature_order(monkeypa
     x, out = torch.zeros(4), torch.zeros(4)
     args, kwargs = (x, out, 4, 1, 2.0), {"BLOCK": 16, "num_warps": 1}
     entry = direct._entry(_scale_kernel, Compiled(), args, kwargs)
+    args2, kwargs2 = (x, out, 4, 1), {"SHIFT": 1.0, "BLOCK": 16, "factor": 2.0}
+    entry2 = direct._entry(_scale_kernel, Compiled(), args2, kwargs2)
     monkeypatch.setattr(direct, "INTERPRET", False)
     entry((3, 2), args, kwargs, 0)
     hooks = (triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook)
     assert seen == [(3, 2, 1, 77, "fn", "meta", None, *hooks, x, out, 4, 1, 2.0, 16, 0.0)]
     # Named arguments in another order than the signature's are put in the signature's order.
     seen.clear()
-    args, kwargs = (x, out, 4, 1), {"SHIFT": 1.0, "BLOCK": 16, "factor": 2.0}
-    direct._entry(_scale_kernel, Compiled(), args, kwargs)((1,), args, kwargs, 0)
+    entry2((1,), args2, kwargs2, 0)
     assert seen[0][9:] == (x, out, 4, 1, 2.0, 16, 1.0)
 
 
