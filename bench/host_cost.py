@@ -8,8 +8,10 @@ kernels with the same arguments (issue 33: an eager call should cost about a lau
 One call per entry point (a tiny problem: a loop measures the host) records its launches (kernel,
 grid, arguments); then interleaved rounds time ITERS eager calls, ITERS replays through Triton's
 ``JITFunction.run`` ("bare": binding, key, cache lookup, launch), and on a GPU ITERS calls of the
-compiled kernels' launchers with all that worked out once ("direct": the floor of a cached launch
-path); synchronized only around each loop, the median over rounds per call.  Also
+compiled kernels' launchers with all that worked out once ("direct", policy_runtime/direct.py's
+``replay``: the floor of a cached launch path), and ITERS eager calls with that cache off
+(``POLICY_RUNTIME_DIRECT_LAUNCH=0``'s path); synchronized only around each loop, the median over
+rounds per call.  Also
 ``matmul_triton`` against ``torch.matmul`` at 1x4096x4096.  ``--noop-launch`` replaces launches by
 no-ops (the wrapper alone, on the CPU); ``--profile NAME`` cProfiles NAME's eager loop.  JSON to
 $OUT/host_cost.json (or --json PATH).
@@ -58,6 +60,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from bench.runlog import RunLog  # noqa: E402
+from policy_runtime import direct as DIRECT  # noqa: E402
 from generated import attention as AT  # noqa: E402
 from generated import cache as C  # noqa: E402
 from generated import matmul as MM  # noqa: E402
@@ -107,11 +110,13 @@ LAUNCHER.run = _run
 
 
 def record(fn) -> list:
-    """The launches one call of fn makes (it runs them too, unless --noop-launch)."""
+    """The launches one call of fn makes (it runs them too, unless --noop-launch), with the
+    direct-launch cache off: every launch through Triton's launcher, where it is recorded."""
     _RECORD.clear()
     _MODE["record"] = True
     try:
-        fn()
+        with DIRECT.enabled(False):
+            fn()
     finally:
         _MODE["record"] = False
     return list(_RECORD)
@@ -129,34 +134,24 @@ def bare(launches):
 
 def direct(launches):
     """The floor under the bare launch: each recorded launch's compiled kernel called through its
-    driver launcher directly (``CompiledKernel.run`` with the grid, stream, bound arguments and
-    launch metadata worked out once here, as ``JITFunction.run`` works them out every call), so
-    no binding, specialization key or cache lookup per call.  Valid only while the arguments stay
-    the same objects (they do in the loop).  GPU only; Triton's internals, so it may raise on
-    another Triton version (then the column is left out, with the error)."""
-    from triton.runtime.driver import driver as tdriver
-
-    device = tdriver.active.get_current_device()
-    stream = tdriver.active.get_current_stream(device)
-    steps = []
-    for kernel, grid, args, kwargs in launches:
-        compiled = REAL_RUN(kernel, *args, grid=grid, warmup=False, **kwargs)
-        full = dict(kwargs)
-        full["debug"] = full.get("debug", kernel.debug) or triton.knobs.runtime.debug
-        for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):
-            if hasattr(triton.knobs.compilation, knob):
-                full[knob] = getattr(triton.knobs.compilation, knob)
-        binder = kernel.device_caches[device][-1]
-        bound = binder(*args, **full)[0]
-        values = tuple(bound.values())
-        g = tuple(grid) + (1,) * (3 - len(grid))
-        meta = compiled.launch_metadata(tuple(grid), stream, *values)
-        steps.append((compiled.run, g, compiled.function, compiled.packed_metadata, meta, values))
-    enter, leave = triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook
+    driver launcher directly (policy_runtime/direct.py's ``replay``, the call its cache makes on a
+    hit, without the key or the lookup).  Valid only while the arguments stay the same objects
+    (they do in the loop).  GPU only."""
+    steps = [DIRECT.replay(kernel, grid, args, kwargs) for kernel, grid, args, kwargs in launches]
 
     def run():
-        for launch, g, function, packed, meta, values in steps:
-            launch(g[0], g[1], g[2], stream, function, packed, meta, enter, leave, *values)
+        for step in steps:
+            step()
+
+    return run
+
+
+def uncached(fn):
+    """An eager call with the direct-launch cache off (every launch through JITFunction.run)."""
+
+    def run():
+        with DIRECT.enabled(False):
+            fn()
 
     return run
 
@@ -272,7 +267,7 @@ def measure(name, fn) -> dict:
         row["eager_us"] = timed({"eager": fn}, ITERS, ROUNDS)["eager"]
         row["note"] = "no Triton launch on this call (a vendor or PyTorch path): timed alone"
         return row
-    methods = {"eager": fn, "bare": bare(launches)}
+    methods = {"eager": fn, "bare": bare(launches), "eager, cache off": uncached(fn)}
     if not SMOKE and not ARGS.noop_launch:
         try:
             methods["direct"] = direct(launches)
@@ -282,6 +277,7 @@ def measure(name, fn) -> dict:
     if "direct" in t:
         row["direct_us"] = t["direct"]
     row.update(eager_us=t["eager"], bare_us=t["bare"], over_bare_us=t["eager"] - t["bare"])
+    row["eager_cache_off_us"] = t["eager, cache off"]
     row.update(eager_min_us=t["eager min"], bare_min_us=t["bare min"], over_bare_min_us=t["eager min"] - t["bare min"])
     row["within_limit"] = row["over_bare_us"] <= LIMIT_US
     return row
@@ -295,7 +291,12 @@ def matmul_eager() -> dict:
     out = torch.empty(M, N, device=DEV, dtype=DT)
     ours = lambda: MM.matmul_triton(a, b, out=out, hw=HW)  # noqa: E731
     launches = record(ours)
-    methods = {"matmul_triton": ours, "torch.matmul": lambda: torch.matmul(a, b, out=out), "bare": bare(launches)}
+    methods = {
+        "matmul_triton": ours,
+        "torch.matmul": lambda: torch.matmul(a, b, out=out),
+        "bare": bare(launches),
+        "matmul_triton, cache off": uncached(ours),
+    }
     if not SMOKE and not ARGS.noop_launch:
         try:
             methods["direct"] = direct(launches)
@@ -350,6 +351,7 @@ def main() -> int:
                 log(
                     f"{name:22s} {row['launches']} launch(es): eager {row['eager_us']:8.2f} us/call, bare"
                     f" {row['bare_us']:8.2f}, over bare {row['over_bare_us']:7.2f} us"
+                    f" (cache off: eager {row['eager_cache_off_us']:8.2f})"
                     f" ({'within' if row['within_limit'] else 'PAST'} {LIMIT_US} us)"
                 )
             else:
@@ -381,14 +383,15 @@ def main() -> int:
             log(f"ERROR matmul eager: {type(e).__name__}: {str(e)[:300]}")
     print(
         "\n| entry point | launches | eager us/call | bare launch us/call | over bare us | (fastest rounds: eager, bare,"
-        " over) | direct launch us/call |"
+        " over) | direct launch us/call | eager, cache off us/call |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in RES["entries"]:
         fmt = lambda k: f"{r[k]:.2f}" if k in r else "-"  # noqa: E731
         print(
             f"| {r['entry']} | {r['launches']} | {fmt('eager_us')} | {fmt('bare_us')} | {fmt('over_bare_us')}"
-            f" | {fmt('eager_min_us')}, {fmt('bare_min_us')}, {fmt('over_bare_min_us')} | {fmt('direct_us')} |"
+            f" | {fmt('eager_min_us')}, {fmt('bare_min_us')}, {fmt('over_bare_min_us')} | {fmt('direct_us')}"
+            f" | {fmt('eager_cache_off_us')} |"
         )
     past = [r["entry"] for r in RES["entries"] if r.get("within_limit") is False]
     log(

@@ -2,7 +2,8 @@
 
 - Setup and launch: ``INTERPRET`` (Triton's interpreter is on), ``FIRST_LAUNCH`` / ``ready_triton``
   (Triton's one-off setup, before a process's first compiled launch), ``launch_kernel`` (every
-  launch site goes through it), ``programmatic`` (PDL launches possible), ``compile_only`` /
+  launch site goes through it; cached direct launches, direct.py), ``on_device`` (the device
+  guard of every launch), ``programmatic`` (PDL launches possible), ``compile_only`` /
   ``compiling`` (warm-up's scope, in which launches are handed to it, not run).
 - Launch plans of the memory-bound kernels: ``LaunchPlan``, ``remember``, ``run_plan``,
   ``fit_warps``, ``cdiv``, ``pow2ceil``, ``pow2floor``; ``launch_tables`` checks the launch tables a
@@ -23,6 +24,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 import triton
+
+from . import direct as _direct
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int64, torch.int32)
@@ -122,7 +125,27 @@ def launch_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
         if handler is not None:
             handler(kernel, grid, args, kwargs)
             return
-    kernel[grid](*args, **kwargs)
+    _direct.launch(kernel, grid, args, kwargs)
+
+
+_NO_GUARD = contextlib.nullcontext()
+
+
+@functools.cache
+def _several_gpus() -> bool:
+    # Only a process that sees several GPUs can have tensors off the current device.
+    return torch.cuda.device_count() > 1
+
+
+def on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """``with on_device(t):`` around the launches of a call on ``t``: Triton's first-launch
+    setup (once per process), then a ``torch.cuda.device`` guard where ``t`` is a CUDA tensor
+    off the current device, else a no-op context.  Every launch site's one device guard."""
+    if FIRST_LAUNCH:
+        ready_triton()
+    if t.is_cuda and _several_gpus() and t.get_device() != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _NO_GUARD
 
 
 @contextlib.contextmanager
@@ -167,14 +190,13 @@ def cdiv(a: int, b: int) -> int:
 class LaunchPlan:
     """How to launch one call signature: grid-bound kernel, constexpr values, num_warps."""
 
-    __slots__ = ("kernel", "grid", "launch", "consts", "num_warps", "info")
+    __slots__ = ("kernel", "grid", "consts", "num_warps", "info")
 
     def __init__(self, kernel, grid: int, consts: tuple, num_warps: int, info: Any = None):
         if grid > _MAX_GRID:
             raise ValueError(f"a grid of {grid} programs exceeds {_MAX_GRID}")
         self.kernel = kernel
         self.grid = grid
-        self.launch = kernel[(grid,)]
         self.consts = consts
         self.num_warps = num_warps
         self.info = info  # runtime arguments that follow from the plan (block counts)
@@ -187,19 +209,10 @@ def remember(plans: dict, key: tuple, plan: LaunchPlan) -> LaunchPlan:
     return plan
 
 
-def run_plan(plan: LaunchPlan, dev: int, args: tuple) -> None:
-    """Launch on the tensors' device (a device guard only when it is not the current one)."""
-    if FIRST_LAUNCH:
-        ready_triton()
-    # The plan's bound launch, or in a compile-only scope launch_kernel with its kernel and grid.
-    launch = plan.launch
-    if _SCOPES and _COMPILE_ONLY.get() is not None:
-        launch = functools.partial(launch_kernel, plan.kernel, (plan.grid,))
-    if dev >= 0 and dev != torch.cuda.current_device():
-        with torch.cuda.device(dev):
-            launch(*args, *plan.consts, num_warps=plan.num_warps)
-    else:
-        launch(*args, *plan.consts, num_warps=plan.num_warps)
+def run_plan(plan: LaunchPlan, on: torch.Tensor, args: tuple) -> None:
+    """Launch the plan on ``on``'s device (``on_device``), through ``launch_kernel``."""
+    with on_device(on):
+        launch_kernel(plan.kernel, (plan.grid,), *args, *plan.consts, num_warps=plan.num_warps)
 
 
 def fit_warps(elems: int, vec: int, cfg: Any, grow: bool = False) -> int:

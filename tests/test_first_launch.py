@@ -112,17 +112,10 @@ def test_memory_bound_launch_path_sets_up_once(monkeypatch):
     monkeypatch.setattr(launch, "ready_triton", setup)
     monkeypatch.setattr(launch, "FIRST_LAUNCH", True)
     launched = []
-
-    class Plan:
-        consts = ()
-        num_warps = 4
-
-        @staticmethod
-        def launch(*args, num_warps):
-            launched.append(setup.calls)
-
+    monkeypatch.setattr(launch, "launch_kernel", lambda *args, **kwargs: launched.append(setup.calls))
+    plan = launch.LaunchPlan(kernel=None, grid=1, consts=(), num_warps=4)
     for _ in range(3):
-        launch.run_plan(Plan, -1, ())
+        launch.run_plan(plan, torch.zeros(1), ())
     assert setup.calls == 1 and launched == [1, 1, 1]  # before the first launch, then never
 
 

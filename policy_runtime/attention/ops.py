@@ -560,17 +560,6 @@ def _out(op: str, out: Any, shape: tuple[int, ...], ref: torch.Tensor, ref_name:
     return out
 
 
-def _launch_on(t: torch.Tensor, fn: Callable[[], None]) -> None:
-    # Launch on the tensors' device (a device guard only when it is not the current one).
-    if _launch.FIRST_LAUNCH:
-        _launch.ready_triton()
-    if t.is_cuda and t.get_device() != torch.cuda.current_device():
-        with torch.cuda.device(t.device):
-            fn()
-    else:
-        fn()
-
-
 def _tile_width(head_dim: int) -> int:
     # The kernels' tile across the head: the power of two at least head_dim (and 16, a
     # tensor-core step); columns past head_dim are masked, never read or written.
@@ -871,7 +860,7 @@ class Attention:
         kst, vst = (k.stride(), v.stride()) if paged else ((0, *k.stride()), (0, *v.stride()))
         bt = block_table if paged else _unused_i32(q.device)
 
-        def run() -> None:
+        with _launch.on_device(q):
             _launch.launch_kernel(
                 kernel.kernel, grid,
                 q, k, v, out, cu_q, cu_k, sm_scale, H // Hkv,
@@ -882,8 +871,6 @@ class Attention:
                 feat.sinks is not None, paged, bs, kv_fp8,
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
-
-        _launch_on(q, run)
         return out
 
     # -- decode ---------------------------------------------------------------------------
@@ -1029,7 +1016,7 @@ class Attention:
         # The merge reads each sequence's context length: a windowed call's lengths clamped.
         spans = seq_lens if win_len is None or parts == 1 else seq_lens.clamp(max=win_len)
 
-        def run() -> None:
+        with _launch.on_device(query):
             _launch.launch_kernel(
                 kernel.kernel, (S, Hkv, parts),
                 query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_m, part_l, sm_scale,
@@ -1047,8 +1034,6 @@ class Attention:
                     out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
                     out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
                 )  # fmt: skip
-
-        _launch_on(query, run)
 
 
 def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int, int, int]:

@@ -145,7 +145,7 @@ class CacheKernels:
             ks = vs = _unused_scale(key.device)
         args = (key, value, key_cache, value_cache, slot_mapping, ks, vs, T, plan.info, E, bs)
         strides = (kst[0], kst[1], vst[0], vst[1], kcst[0], kcst[1], kcst[2], vcst[0], vcst[1], vcst[2])
-        run_plan(plan, dev, args + strides)
+        run_plan(plan, key, args + strides)
 
     def copy_blocks(self, key_caches, value_caches, block_mapping, *, hw=None):
         """``cache[dst] = cache[src]`` for every row (src, dst) of block_mapping and every cache,
@@ -196,7 +196,7 @@ class CacheKernels:
         if plan is None:
             cfg = self.launch["copy_blocks"][target]
             plan = remember(self._cb_plans, key, plan_copy_blocks(n, len(caches), block_numel, unit, esize, cfg))
-        run_plan(plan, dev, (c0, table, block_mapping, n, plan.info, strides[0], block_numel))
+        run_plan(plan, c0, (c0, table, block_mapping, n, plan.info, strides[0], block_numel))
 
     def _offset_table(self, caches: list, esize: int, device: torch.device) -> tuple[torch.Tensor, int]:
         """(device table of each cache's offset from caches[0] in UNITs, UNIT), memoised by the

@@ -13,7 +13,6 @@ promise.  Names keep their leading underscore: they are the kernel module's inte
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
@@ -547,12 +546,6 @@ def overlapping(t: torch.Tensor) -> bool:
     return s1 // g < rows and s0 // g < cols
 
 
-@functools.cache
-def several_gpus() -> bool:
-    # Only a process that sees several GPUs can have operands off the current device.
-    return torch.cuda.device_count() > 1
-
-
 def unservable(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor], M: int, N: int, K: int) -> Optional[str]:
     # Why a Triton kernel cannot serve this (non-empty) call, or None.  Runs on every call of
     # the Triton path: plain arithmetic on the shapes _check already read.
@@ -618,12 +611,7 @@ class Matmul(PolicyTables):
             return out
         if K == 0:
             return out.zero_()
-        if _launch.FIRST_LAUNCH:
-            _launch.ready_triton()
-        if a.is_cuda and several_gpus() and a.get_device() != torch.cuda.current_device():
-            with torch.cuda.device(a.device):
-                bucket.triton.launch(a, b, out, M, N, K)
-        else:
+        with _launch.on_device(a):
             bucket.triton.launch(a, b, out, M, N, K)
         if given:
             # A write autograd did not see: saved tensors that alias out now fail backward loudly.

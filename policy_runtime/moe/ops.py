@@ -808,21 +808,6 @@ def check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_exp
     return m
 
 
-def guarded(t: torch.Tensor):
-    """A context that launches on ``t``'s device when it is not the current one."""
-    if t.is_cuda and torch.cuda.device_count() > 1 and t.get_device() != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return _NoGuard()
-
-
-class _NoGuard:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
 # ---------------------------------------------------------------------------------------
 # Alignment and routing (no policy: one launch shape for every target).
 
@@ -837,8 +822,6 @@ def align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.T
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
     post_pad = torch.empty(1, dtype=torch.int32, device=device)
     counts = torch.empty(num_experts, dtype=torch.int32, device=device)
-    if _launch.FIRST_LAUNCH:
-        _launch.ready_triton()
     _launch.launch_kernel(_align_count, (num_experts,), ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
     _launch.launch_kernel(
         _align_scatter, (num_experts,),
@@ -866,7 +849,7 @@ def moe_align_block_size(
         if expert_map.shape[0] != num_experts:
             fail(op, f"expert_map must have num_experts = {num_experts} entries, got {expert_map.shape[0]}")
     _launch.check_runnable(op, "topk_ids", topk_ids)
-    with guarded(topk_ids):
+    with _launch.on_device(topk_ids):
         sorted_ids, expert_ids, post_pad = align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
         if expert_map is not None:
             # As vLLM: every block's global expert through the map, -1 for another rank's.
@@ -968,9 +951,7 @@ def _route(
         extra.update(topk_group=topk_group, group_size=E // groups, GROUPS=groups)
     if scale != 1.0:
         extra.update(scale=float(scale), SCALED=True)
-    if _launch.FIRST_LAUNCH:
-        _launch.ready_triton()
-    with guarded(x):
+    with _launch.on_device(x):
         _launch.launch_kernel(
             _topk_softmax_kernel, (_launch.cdiv(T, block_t),),
             x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
@@ -1051,11 +1032,9 @@ def run_routed(
         return out
     if inter == 0:
         return out.zero_()
-    if _launch.FIRST_LAUNCH:
-        _launch.ready_triton()
     weights = topk_weights.contiguous().view(-1)
     ids = topk_ids.contiguous().view(-1)
-    with guarded(x):
+    with _launch.on_device(x):
         if expert_map is not None:
             # Global ids to this rank's (-1: another rank's expert), one gather on the device.
             ids = expert_map[ids.long()].to(torch.int32)

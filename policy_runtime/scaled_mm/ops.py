@@ -29,7 +29,7 @@ import triton.language as tl
 from .. import launch as _launch
 from ..lookup import PolicyTables
 from .constexprs import SCALE_BLOCK
-from ..matmul.ops import overlapping, several_gpus, tile_coords, unservable
+from ..matmul.ops import overlapping, tile_coords, unservable
 
 # Input dtypes the kernels take, and the output dtypes they store.
 INPUT_DTYPES = (torch.float8_e4m3fn,)
@@ -328,12 +328,7 @@ class ScaledMm(PolicyTables):
             return out
         if K == 0:
             return out.zero_()
-        if _launch.FIRST_LAUNCH:
-            _launch.ready_triton()
-        if a.is_cuda and several_gpus() and a.get_device() != torch.cuda.current_device():
-            with torch.cuda.device(a.device):
-                bucket.triton.launch(a, b, out, scales, M, N, K)
-        else:
+        with _launch.on_device(a):
             bucket.triton.launch(a, b, out, scales, M, N, K)
         if given:
             torch.autograd.graph.increment_version(out)

@@ -116,7 +116,7 @@ class TransformKernels:
                 plan = remember(self._rms_plans, key, plan_rms_norm(n_rows, N, x.element_size(), has_res, cfg))
             # Without a residual, r/z are unused: any pointer of the right dtype will do.
             r_t, z_t = (residual, z) if has_res else (x, out)
-            run_plan(plan, dev, (x, weight, out, r_t, z_t, n_rows, N, xs, rs, float(eps)))
+            run_plan(plan, x, (x, weight, out, r_t, z_t, n_rows, N, xs, rs, float(eps)))
         return (out, z) if has_res else out
 
     def silu_and_mul(self, x, *, hw=None):
@@ -138,7 +138,7 @@ class TransformKernels:
             if plan is None:
                 cfg = self.launch["silu_and_mul"][target]
                 plan = remember(self._silu_plans, key, plan_silu_and_mul(n_rows, d, x.element_size(), cfg))
-            run_plan(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info))
+            run_plan(plan, x, (x, out, n_rows, d, xs, plan.info))
         return out
 
     def act_and_mul(self, op, x, *, alpha=1.702, limit=7.0, hw=None):
@@ -166,7 +166,7 @@ class TransformKernels:
             if plan is None:
                 cfg = self.launch["silu_and_mul"][target]
                 plan = remember(self._act_plans, key, plan_act_and_mul(n_rows, d, x.element_size(), act, cfg))
-            run_plan(plan, x.get_device(), (x, out, n_rows, d, xs, plan.info, float(alpha), float(limit)))
+            run_plan(plan, x, (x, out, n_rows, d, xs, plan.info, float(alpha), float(limit)))
         return out
 
     def rotary_embedding(self, positions, query, key, cos_sin_cache, head_size, is_neox, *, hw=None):
@@ -237,7 +237,7 @@ class TransformKernels:
             nqb, nhb = plan.info
             k_t = key if key is not None else query  # no key blocks are launched without a key
             args = (positions, query, k_t, cos_sin_cache, qs, ks, cos_sin_cache.stride(0))
-            run_plan(plan, dev, args + (nq, nk, nqb, nhb, qhs, khs))
+            run_plan(plan, query, args + (nq, nk, nqb, nhb, qhs, khs))
         return query, key
 
 
