@@ -33,7 +33,11 @@ SMOKE_MODELS = {"tiny": (4, 128, 128, 2)}
 TOKENS = [1, 4, 16, 256, 4096]
 SMOKE_TOKENS = [1, 33]  # the simt decode bucket and a grouped one
 COPY_TBS = 4.27  # the H200's device-copy bandwidth (TB/s), the issue's yardstick
-TOL_FP8, TOL_BF16 = 8e-2, 2e-2
+# Relative error against the bf16 computation on the original data.  FP8: e4m3's rounding of the
+# activations, the weights and the intermediate (each ~3-4%): torch._scaled_grouped_mm on the same
+# quantized inputs errs as much as ours (7.9-8.6% on the H200), so the bound is 10%, not a tighter one
+# that quantization itself crosses.
+TOL_FP8, TOL_BF16 = 1e-1, 2e-2
 
 
 def parse() -> argparse.Namespace:

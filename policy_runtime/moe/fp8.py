@@ -250,11 +250,8 @@ def fp8_grouped_up_body(
                 acc_g += tl.dot(a, g) * xs * tl.load(gs_ptrs + kb * stride_wsk)[None, :]
                 acc_u += tl.dot(a, u) * xs * tl.load(us_ptrs + kb * stride_wsk)[None, :]
             else:
-                # Each K tile's products summed apart and added in fp32 (max_num_imprecise_acc):
-                # Hopper's FP8 MMA keeps fewer accumulator bits than fp32 (Triton's sm_90 default
-                # never promotes), an error the intermediate's e4m3 rounding amplifies.
-                acc_g = tl.dot(a, g, acc_g, max_num_imprecise_acc=BLOCK_K)
-                acc_u = tl.dot(a, u, acc_u, max_num_imprecise_acc=BLOCK_K)
+                acc_g = tl.dot(a, g, acc_g)
+                acc_u = tl.dot(a, u, acc_u)
             a_ptrs += BLOCK_K * stride_xk
             g_ptrs += BLOCK_K * stride_wk
             u_ptrs += BLOCK_K * stride_wk
@@ -338,7 +335,7 @@ def fp8_grouped_down_body(
                 hs = tl.load(hs_ptrs + kb * stride_hsk, mask=valid, other=0.0)
                 acc += tl.dot(a, b) * hs[:, None] * tl.load(bs_ptrs + kb * stride_wsk)[None, :]
             else:
-                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)  # fp32 per K tile, as above
+                acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K * stride_hk
             b_ptrs += BLOCK_K * stride_wk
         coef = tl.load(weights_ptr + tok, mask=valid, other=0.0).to(tl.float32)
