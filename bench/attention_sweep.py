@@ -6,8 +6,8 @@
     python3 bench/attention_sweep.py --cpu-smoke --hw h200 --json OUT.json   # tiny fp16, interpreter
 
 Prefill: (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (64/128/256) on causal, non-causal and
-sliding-window (+ soft-cap) cases, in TFLOP/s, with SDPA flash beside the plain cases and compiled
-FlexAttention beside the windowed d=128 case (--flex; its compile takes about a minute).  Decode:
+sliding-window (+ soft-cap) cases, in TFLOP/s, with SDPA (its default backend, flash or cuDNN as
+torch picks) beside the plain cases and compiled FlexAttention beside the windowed d=128 case (--flex; its compile takes about a minute).  Decode:
 (block_n, num_warps, num_stages, FP8_VIA_F16) over bf16 and fp8 caches and a window, then V2
 partition sizes with the case's best tile, as a fraction of a device copy of the bytes read.  Every
 config is checked against a reference before it is timed (a failed one is recorded, not timed);
@@ -251,7 +251,7 @@ def prefill_flops(seqs, n, H, D, causal, window):
 
 
 def prefill_reference(q, k, v, seqs, n, causal, window, softcap, scale):
-    """SDPA (flash on the GPU) for plain cases, per sequence; a windowed case in fp32 on its last
+    """SDPA (its default backend on the GPU) for plain cases, per sequence; a windowed case in fp32 on its last
     256 rows (row i sees keys i - window < j <= i).  Returns (rows compared, reference)."""
     H, D = q.shape[1], q.shape[2]
     if not window:
@@ -308,7 +308,7 @@ def one_prefill_case(name, D, H, Hkv, seqs, n, causal, window, softcap):
     peers = {}
     if not window:
         qv, kv, vv = (t.view(seqs, n, t.shape[1], D).transpose(1, 2) for t in (q, k, v))
-        peers["sdpa_flash"] = lambda: F.scaled_dot_product_attention(qv, kv, vv, is_causal=causal, enable_gqa=True)
+        peers["sdpa"] = lambda: F.scaled_dot_product_attention(qv, kv, vv, is_causal=causal, enable_gqa=True)
     elif ARGS.flex and not SMOKE and D == 128:
         peers["flex"] = flex_window(q, k, v, window, softcap)
     for peer, fn in peers.items():
@@ -354,7 +354,7 @@ def one_prefill_case(name, D, H, Hkv, seqs, n, causal, window, softcap):
 
 
 def print_prefill(case):
-    peers = "  ".join(f"{p} {case[p + '_tflops']:.1f}" for p in ("sdpa_flash", "flex") if p + "_tflops" in case)
+    peers = "  ".join(f"{p} {case[p + '_tflops']:.1f}" for p in ("sdpa", "flex") if p + "_tflops" in case)
     log(f"{case['name']} ({case['heads'][0]}/{case['heads'][1]} heads, {case['seqs']} x {case['seq']}) "
         f"spec {case['spec_kernel']}  {peers}")  # fmt: skip
     for c in case["configs"]:
