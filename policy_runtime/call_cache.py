@@ -84,6 +84,11 @@ def clear_all() -> None:
         cache.plans.clear()
 
 
+def named(name: str) -> "CallCache":
+    """The cache of that name (tests)."""
+    return next(cache for cache in _ALL if cache.name == name)
+
+
 def sizes() -> dict[str, int]:
     return {cache.name: len(cache.plans) for cache in _ALL}
 
@@ -147,7 +152,7 @@ class CallCache:
     def commit(
         self, rec: _Recording, key: Any, tensors: tuple, data: Any = None, held: bool = False
     ) -> Optional[Plan]:
-        """Make ``key``'s plan (NO_PLAN where it cannot be made) from the recorded launches, ``tensors`` being every tensor they may
+        """Make ``key``'s plan from the recorded launches, ``tensors`` being every tensor they may
         take (by identity), in the order a hit passes them to ``Plan.launch``.  With ``held``,
         any other tensor is kept in the plan as it is (only for persistent workspaces, whose
         stream is in the key).  None (no plan) where a launch went to Triton or took another

@@ -232,8 +232,8 @@ def test_rotary_embedding_hits_and_misses(recorded):
 
     def case(neox=True, hw="h200", offset=0, dtype=torch.float32, seed=0):
         pos = torch.tensor([3, 0, 7])
-        return (pos, view((3, 4 * hs), dtype, offset, seed), view((3, 2 * hs), dtype, 0, seed + 1), view((8, hs), seed=9),
-                neox, hw)
+        q, k = view((3, 4 * hs), dtype, offset, seed), view((3, 2 * hs), dtype, 0, seed + 1)
+        return (pos, q, k, view((8, hs), seed=9), neox, hw)
 
     def checked(args, miss):
         ref = rope_ref(args[0], args[1].clone(), args[2].clone(), args[3], hs, args[4])
