@@ -20,6 +20,7 @@ import contextlib
 import functools
 import inspect
 import os
+import threading
 from typing import Any, Iterator, Optional
 
 import torch
@@ -35,6 +36,8 @@ ENABLED = os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", 
 LIMIT = 1024
 
 _CACHE: dict[tuple, "_Entry"] = {}
+# Thread id -> the launches of the call that thread is recording (call_cache.py), else empty.
+RECORDERS: dict[int, list] = {}
 _I32 = 2**31
 _I64 = 2**63
 
@@ -154,6 +157,44 @@ class _Entry:
         )
 
 
+def _unrecorded() -> None:
+    # A launch left to Triton cannot be replayed: a call recording it makes no plan.
+    if RECORDERS:
+        recording = RECORDERS.get(threading.get_ident())
+        if recording is not None:
+            recording.append(None)
+
+
+class Bound:
+    """One recorded launch of an entry with its grid, named arguments and defaults fixed: called
+    with the positional arguments only (call_cache.py's plans)."""
+
+    __slots__ = ("entry", "grid", "kwargs", "rest", "dims", "device")
+
+    def __init__(self, entry: _Entry, grid: tuple, kwargs: dict, device: int):
+        self.entry, self.grid, self.kwargs, self.device = entry, grid, dict(kwargs), device
+        self.rest = tuple([kwargs[n] for n in entry.names]) + entry.tail
+        n = len(grid)
+        self.dims = (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1)
+
+    def __call__(self, args: tuple) -> None:
+        entry = self.entry
+        compiled = entry.compiled
+        if compiled is None:
+            interpreted_launch(entry.kernel, self.grid, args, self.kwargs)
+            return
+        values = args + self.rest
+        knobs = triton.knobs.runtime
+        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        enter = knobs.launch_enter_hook
+        hooked = enter is not None and getattr(enter, "calls", True)  # as _Entry.__call__
+        meta = compiled.launch_metadata(self.grid, stream, *values) if hooked else None
+        x, y, z = self.dims
+        compiled.run(
+            x, y, z, stream, compiled.function, compiled.packed_metadata, meta, enter, knobs.launch_exit_hook, *values
+        )
+
+
 def interpreted_launch(kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> None:
     """Under TRITON_INTERPRET=1 (no compiled kernel to call): ``kernel[grid](*args, **kwargs)``."""
     kernel[grid](*args, **kwargs)
@@ -182,6 +223,7 @@ def launch(kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> None:
     """Launch ``kernel[grid](*args, **kwargs)``: directly where this launch's class was seen
     before (and the cache is on), else through Triton, remembering the compiled kernel."""
     if not ENABLED or callable(grid):
+        _unrecorded()
         kernel[grid](*args, **kwargs)
         return
     dev = torch.cuda.current_device() if not INTERPRET else -1
@@ -189,21 +231,26 @@ def launch(kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> None:
         key = _launch_class(kernel, args, kwargs, dev)
         entry = _CACHE.get(key)
     except TypeError:  # an unhashable argument: no class to remember
+        _unrecorded()
         kernel[grid](*args, **kwargs)
         return
     if entry is not None:
         entry(grid, args, kwargs, dev)
-        return
-    if INTERPRET:
-        interpreted_launch(kernel, grid, args, kwargs)
-        compiled = None
     else:
-        compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
-    made = _entry(kernel, compiled, args, kwargs)
-    if made is not None:
-        if len(_CACHE) >= LIMIT:
-            _CACHE.clear()
-        _CACHE[key] = made
+        if INTERPRET:
+            interpreted_launch(kernel, grid, args, kwargs)
+            compiled = None
+        else:
+            compiled = kernel.run(*args, grid=grid, warmup=False, **kwargs)
+        entry = _entry(kernel, compiled, args, kwargs)
+        if entry is not None:
+            if len(_CACHE) >= LIMIT:
+                _CACHE.clear()
+            _CACHE[key] = entry
+    if RECORDERS:
+        recording = RECORDERS.get(threading.get_ident())
+        if recording is not None:
+            recording.append((entry, tuple(grid), args, kwargs, dev))
 
 
 def replay(kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> Any:

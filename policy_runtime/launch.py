@@ -165,6 +165,11 @@ def compile_only(handler: _LaunchHandler) -> Iterator[None]:
             _SCOPES -= 1
 
 
+def scopes_open() -> bool:
+    """Is a compile-only scope open anywhere in the process (call_cache.py then plans nothing)?"""
+    return bool(_SCOPES)
+
+
 def compiling() -> bool:
     """Is this thread (or task) in a compile-only scope?  Paths that run no Triton kernel (a
     vendor kernel, PyTorch) skip their work there."""

@@ -14,7 +14,7 @@ from generated import matmul as MM
 from generated import moe as MOE
 from generated import scaled_mm as SMM
 from generated import transform as TR
-from policy_runtime import direct
+from policy_runtime import call_cache, direct
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compiled kernels)")
 
@@ -34,6 +34,7 @@ def rnd(*shape, dtype=DT, offset=0):
 def same_on_and_off(fn, exact=True):
     """fn() twice with the cache on, once off: equal outputs; the second call made no entry."""
     direct.clear()
+    call_cache.clear_all()
     with direct.enabled(True):
         first = fn()
         made = direct.size()
@@ -231,3 +232,25 @@ def test_a_misaligned_call_after_an_aligned_one_makes_its_own_entry():
     torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-1)
     with direct.enabled(False):
         assert torch.equal(got, MM.matmul_triton(a_mis, b))
+
+
+# Entry points with a call cache (policy_runtime/call_cache.py) -> their cache's name: on the GPU
+# the second call above replays a plan through the compiled launchers; here each must have made one.
+CACHED = {
+    "matmul_triton": "matmul",
+    "matmul_triton_weight_t": "matmul",
+    "rms_norm": "rms_norm",
+    "rms_norm_residual": "rms_norm",
+    "silu_and_mul": "silu_and_mul",
+    "rotary_embedding": "rotary_embedding",
+    "reshape_and_cache": "reshape_and_cache",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CACHED))
+def test_cached_entries_replay_a_plan_with_the_same_output(name):
+    torch.manual_seed(2)
+    for off in (0, 1):
+        same_on_and_off(CASES[name](off))
+        plans = call_cache.named(CACHED[name]).plans
+        assert any(p is not call_cache.NO_PLAN for p in plans.values()), f"{name}: no plan made"

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..call_cache import NO_PLAN, CallCache, arg_key, lookup, tensor_key
 from ..fp8_kv import FP8_DTYPE, is_fp8_kv, kv_scales, to_e4m3, unserved_error
 from ..launch import (
     INDEX_DTYPES,
@@ -31,6 +32,7 @@ from ..launch import (
     check_runnable,
     fit_warps,
     launch_tables,
+    on_device,
     pow2ceil,
     pow2floor,
     remember,
@@ -38,6 +40,9 @@ from ..launch import (
 )
 
 __all__ = ["CacheKernels", "swap_blocks"]
+
+# Plans of reshape_and_cache calls by argument class (keyed with the CacheKernels object).
+_RC_CALLS = CallCache("reshape_and_cache")
 
 
 # copy_blocks' per-cache offset tables kept on the device before the memo is cleared.
@@ -75,7 +80,31 @@ class CacheKernels:
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
                           k_scale=None, v_scale=None, *, hw=None):
         """Scatter key/value token rows into the paged caches at ``slot_mapping`` (-1: skip);
-        with ``kv_cache_dtype="fp8"``, quantized to e4m3fn by ``k_scale`` / ``v_scale``."""
+        with ``kv_cache_dtype="fp8"``, quantized to e4m3fn by ``k_scale`` / ``v_scale``.  A call
+        of a class seen before replays its plan (policy_runtime/call_cache.py; fp8 calls, whose
+        scales are converted per call, and strided slot mappings, copied first, have none)."""
+        ck, plan = lookup(
+            _RC_CALLS,
+            key,
+            lambda: (
+                id(self), hw, arg_key(kv_cache_dtype), arg_key(k_scale), arg_key(v_scale), tensor_key(key),
+                tensor_key(value), tensor_key(key_cache), tensor_key(value_cache), tensor_key(slot_mapping),
+            ),
+        )
+        if plan is not None and plan is not NO_PLAN:
+            with on_device(key):
+                plan.launch((key, value, key_cache, value_cache, slot_mapping, _unused_scale(key.device)))
+            return None
+        args = (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+        if ck is None or plan is NO_PLAN:
+            return self._reshape_and_cache(*args, hw=hw)
+        with _RC_CALLS.record() as rec:
+            self._reshape_and_cache(*args, hw=hw)
+        _RC_CALLS.commit(rec, ck, (key, value, key_cache, value_cache, slot_mapping, _unused_scale(key.device)))
+        return None
+
+    def _reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
+                           k_scale=None, v_scale=None, *, hw=None):
         op = "reshape_and_cache"
         fp8 = is_fp8_kv(op, kv_cache_dtype)
         check_float(op, "key", key)

@@ -21,7 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import call_cache as _call_cache
 from .. import launch as _launch
+from ..call_cache import tensor_key
 from ..lookup import PolicyTables
 
 # ---------------------------------------------------------------------------------------
@@ -581,6 +583,9 @@ def _vendor(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor]) -> to
 # ---------------------------------------------------------------------------------------
 # The entry points over one generated module's tables.
 
+# Plans of matmul and matmul_triton calls, by argument class (keyed with the Matmul object).
+_CALLS = _call_cache.CallCache("matmul")
+
 
 @dataclass(frozen=True)
 class Matmul(PolicyTables):
@@ -592,7 +597,48 @@ class Matmul(PolicyTables):
 
     def run(self, a: Any, b: Any, out: Any, hw: Any, force_triton: bool) -> torch.Tensor:
         """C = A @ B into out (or a new tensor): the bucket's Triton kernel, or the vendor library
-        where the policy says it wins (never with ``force_triton``)."""
+        where the policy says it wins (never with ``force_triton``).  A call of an argument class
+        seen before replays its launches (call_cache.py; the split-K workspaces, per stream, are
+        held in the plan)."""
+        try:
+            on = _call_cache.active(a)
+            if on:
+                key = (
+                    id(self), force_triton, hw, tensor_key(a), tensor_key(b),
+                    None if out is None else tensor_key(out), _call_cache.stream_of(a),
+                )
+                plan = _CALLS.plans.get(key)
+        except (AttributeError, TypeError):  # not tensors, an unhashable hw: the full path's checks
+            on = False
+        if not on:
+            return self._run(a, b, out, hw, force_triton)
+        if plan is not None and plan is not _call_cache.NO_PLAN:
+            shape, tma = plan.data
+            given = out is not None
+            if out is None:
+                out = torch.empty(shape, dtype=a.dtype, device=a.device)
+            with _launch.on_device(a):
+                if tma:
+                    token = _ALLOCATOR.set(_descriptor_scratch)
+                    try:
+                        plan.launch((a, b, out))
+                    finally:
+                        _ALLOCATOR.reset(token)
+                else:
+                    plan.launch((a, b, out))
+            if given:
+                torch.autograd.graph.increment_version(out)
+            return out
+        if plan is not None or a.requires_grad or b.requires_grad or (out is not None and out.requires_grad):
+            return self._run(a, b, out, hw, force_triton)
+        with _CALLS.record() as rec:
+            result = self._run(a, b, out, hw, force_triton)
+        tma = self.policy(a.dtype, hw, a.device)[1](*result.shape, a.shape[1]).triton.kind == "tma_persistent"
+        _CALLS.commit(rec, key, (a, b, result), data=(tuple(result.shape), tma), held=True)
+        return result
+
+    def _run(self, a: Any, b: Any, out: Any, hw: Any, force_triton: bool) -> torch.Tensor:
+        # The full path of a call: checks, bucket, vendor or Triton.
         M, N, K = _check(a, b, out, self.variant_of_dtype)
         bucket = self.policy(a.dtype, hw, a.device)[1](M, N, K)
         if not force_triton and (bucket.library or (bucket.eager_library and not _capturing(a))):

@@ -1,0 +1,193 @@
+"""Per-entry-point call caches (hand-written): an eager call whose arguments were seen before
+replays the launches its first call made, skipping policy selection, checks and launch planning.
+
+An entry point builds one key from its arguments (``tensor_key`` of each tensor: type, shape,
+strides, dtype, device, 16-byte alignment of the data pointer, requires_grad; and its Python
+options and ``hw``) and looks it up in its ``CallCache``.  On a miss it runs its full path inside
+``CallCache.record``, which remembers the Triton launches of that call (direct.py's entries) and
+how each tensor argument maps onto the tensors the entry names (inputs, outputs, workspaces);
+every other launch argument is a function of the key.  On a hit (``Plan.launch``) the entry
+allocates its outputs as its full path does and calls the compiled kernels directly.  A call
+whose launch Triton could not replay directly, or whose launches used a tensor the entry did not
+name, records no plan.  Off with direct.py's cache (``POLICY_RUNTIME_DIRECT_LAUNCH=0``,
+``direct.enabled``), inside warm-up's compile-only scopes and while a CUDA graph is captured
+(``active``).  Each cache holds at most ``LIMIT`` plans, then it is cleared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import threading
+from typing import Any, Iterator, Optional
+
+import torch
+
+from . import direct as _direct
+from . import launch as _launch
+
+# Plans per entry point before its cache is cleared (a server sees few distinct shapes).
+LIMIT = 256
+
+_ALL: list["CallCache"] = []
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a plan may depend on of one tensor (never its contents).  Raises AttributeError
+    for a non-tensor, so a bad argument misses and meets the full path's check."""
+    return (type(t), t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0, t.requires_grad)
+
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def arg_key(v: Any) -> Any:
+    """The key of one argument: ``tensor_key`` of a tensor, a scalar (None, bool, int, float,
+    str) with its type; TypeError for anything else (that call runs its full path uncached)."""
+    if isinstance(v, torch.Tensor):
+        return tensor_key(v)
+    if type(v) in _SCALARS:
+        return (type(v), v)
+    raise TypeError(f"no call-cache key for {type(v).__name__}")
+
+
+def lookup(cache: "CallCache", anchor: Any, parts: Any) -> tuple[Any, Optional["Plan"]]:
+    """(key, plan) for a call on ``anchor`` whose key is ``parts()``: (None, None) where the
+    cache is off or the arguments have no key (the full path runs, its checks raise), (key,
+    None) on a miss, (key, NO_PLAN) for a class that launches nothing replayable."""
+    try:
+        if not active(anchor):
+            return None, None
+        key = parts()
+        return key, cache.plans.get(key)
+    except (AttributeError, TypeError):
+        return None, None
+
+
+def active(t: torch.Tensor) -> bool:
+    """May this call use a call cache?  Direct launches on, no compile-only scope open, and no
+    CUDA graph being captured on ``t``'s device (a captured call takes its workspaces afresh)."""
+    if not _direct.ENABLED or _launch.scopes_open():
+        return False
+    if _direct.RECORDERS and threading.get_ident() in _direct.RECORDERS:
+        return False  # inside another entry's recorded call: every launch through direct.launch
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def stream_of(t: torch.Tensor) -> Any:
+    """The current stream of ``t``'s device (for keys of plans holding per-stream workspaces)."""
+    return torch._C._cuda_getCurrentRawStream(t.get_device()) if t.is_cuda else None
+
+
+def clear_all() -> None:
+    for cache in _ALL:
+        cache.plans.clear()
+
+
+def named(name: str) -> "CallCache":
+    """The cache of that name (tests)."""
+    return next(cache for cache in _ALL if cache.name == name)
+
+
+def sizes() -> dict[str, int]:
+    return {cache.name: len(cache.plans) for cache in _ALL}
+
+
+class _Step:
+    # One launch of a plan: its arguments are the pool (the call's named tensors, then the
+    # recorded constants) picked by index.
+    __slots__ = ("bound", "pick", "consts")
+
+    def __init__(self, bound: _direct.Bound, pick: Any, consts: tuple):
+        self.bound, self.pick, self.consts = bound, pick, consts
+
+
+class Plan:
+    """The launches of one argument class of an entry point.  ``data``: what the entry keeps
+    beside them (output shapes, workspaces)."""
+
+    __slots__ = ("steps", "data")
+
+    def __init__(self, steps: tuple[_Step, ...], data: Any):
+        self.steps, self.data = steps, data
+
+    def launch(self, tensors: tuple) -> None:
+        """The recorded launches with this call's ``tensors`` (named as at the recording)."""
+        for step in self.steps:
+            step.bound(step.pick(tensors + step.consts))
+
+
+# A key whose call launches nothing (a vendor path, an empty problem): its full path runs.
+NO_PLAN = Plan((), None)
+
+
+class _Recording:
+    __slots__ = ("launches",)
+
+    def __init__(self) -> None:
+        self.launches: list = []
+
+
+class CallCache:
+    """One entry point's plans by key."""
+
+    __slots__ = ("name", "plans")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.plans: dict[Any, Plan] = {}
+        _ALL.append(self)
+
+    @contextlib.contextmanager
+    def record(self) -> Iterator[_Recording]:
+        """Around a call's full path: its launches are remembered for ``commit``."""
+        me = threading.get_ident()
+        rec = _Recording()
+        _direct.RECORDERS[me] = rec.launches  # active() is False inside: no nested recording
+        try:
+            yield rec
+        finally:
+            del _direct.RECORDERS[me]
+
+    def commit(
+        self, rec: _Recording, key: Any, tensors: tuple, data: Any = None, held: bool = False
+    ) -> Optional[Plan]:
+        """Make ``key``'s plan from the recorded launches, ``tensors`` being every tensor they may
+        take (by identity), in the order a hit passes them to ``Plan.launch``.  With ``held``,
+        any other tensor is kept in the plan as it is (only for persistent workspaces, whose
+        stream is in the key).  None (no plan) where a launch went to Triton or took another
+        tensor; ``key`` is then remembered as ``NO_PLAN`` (its full path runs, unrecorded), as
+        it is where the call launched nothing."""
+        steps = []
+        where = {id(t): i for i, t in enumerate(tensors)}
+        for launch in rec.launches:
+            if launch is None or launch[0] is None:
+                return self._none(key)
+            entry, grid, args, kwargs, dev = launch
+            if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+                return self._none(key)
+            consts, picks = [], []
+            for v in args:
+                if isinstance(v, torch.Tensor) and not (held and id(v) not in where):
+                    i = where.get(id(v))
+                    if i is None or tensors[i] is not v:
+                        return self._none(key)
+                    picks.append(i)
+                else:
+                    picks.append(len(tensors) + len(consts))
+                    consts.append(v)
+            pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda pool, i=picks[0]: (pool[i],))
+            steps.append(_Step(_direct.Bound(entry, grid, kwargs, dev), pick, tuple(consts)))
+        if not steps:
+            return self._none(key)
+        plan = Plan(tuple(steps), data)
+        self._put(key, plan)
+        return plan
+
+    def _none(self, key: Any) -> None:
+        self._put(key, NO_PLAN)
+
+    def _put(self, key: Any, plan: Plan) -> None:
+        if len(self.plans) >= LIMIT:
+            self.plans.clear()
+        self.plans[key] = plan

@@ -1,0 +1,322 @@
+"""policy_runtime/call_cache.py on the CPU (Triton's interpreter): for each cached entry point, a
+second call of the same class is a hit (no recording) and gives bitwise the output of the uncached
+path; a call that differs in a stride, the alignment of a view, a dtype, an option or the target
+misses, makes its own plan and is right against a float64 reference; bad input raises the same
+error with the cache on as off and makes no plan; the caches are bounded and off where direct
+launches are off or inside warm-up's compile-only scope."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+from generated import cache as C
+from generated import matmul as MM
+from generated import transform as TR
+from policy_runtime import call_cache, direct, launch
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU paths; the GPU test is test_direct_launch_gpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    call_cache.clear_all()
+    with direct.enabled(True):
+        yield
+    call_cache.clear_all()
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The names of the caches whose record() ran (a miss), in order."""
+    seen = []
+    real = call_cache.CallCache.record
+
+    def spy(self):
+        seen.append(self.name)
+        return real(self)
+
+    monkeypatch.setattr(call_cache.CallCache, "record", spy)
+    return seen
+
+
+def view(shape, dtype=torch.float32, offset=0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randn(n + offset, generator=g).to(dtype)[offset:].view(*shape)
+
+
+def uncached(fn, *args):
+    with direct.enabled(False):
+        return fn(*args)
+
+
+def flat(out):
+    if isinstance(out, (tuple, list)):
+        return [t for part in out for t in flat(part)]
+    return [] if out is None else [out]
+
+
+def check(fn, args, ref, recorded, name, *, miss, tol):
+    """One call: a miss (recorded) or a hit as said; outputs bitwise those of the uncached path
+    (on clones of the arguments: some entries write in place) and close to ``ref``."""
+    before = len(recorded)
+    fresh_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    got = fn(*args)
+    assert (len(recorded) - before == 1) == miss and (not miss or recorded[-1] == name), (recorded, miss)
+    want = uncached(fn, *fresh_args)
+    for g, w in zip(flat(got), flat(want), strict=True):
+        assert torch.equal(g, w)
+    for g, r in zip(flat(got), flat(ref(*args if not isinstance(ref, tuple) else ())), strict=True):
+        torch.testing.assert_close(g.double(), r.double(), rtol=tol, atol=tol)
+    return got
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul_triton
+
+
+def test_matmul_triton_hits_and_misses(recorded):
+    fn = lambda a, b, hw="h200": MM.matmul_triton(a, b, hw=hw)  # noqa: E731
+    ref = lambda a, b, hw="h200": a.double() @ b.double()  # noqa: E731
+    b = view((24, 7), seed=1)
+    a = view((5, 24))
+    check(fn, (a, b), ref, recorded, "matmul", miss=True, tol=1e-4)
+    check(fn, (view((5, 24), seed=2), view((24, 7), seed=3)), ref, recorded, "matmul", miss=False, tol=1e-4)
+    assert call_cache.sizes()["matmul"] == 1
+    for args in (
+        (view((5, 24), offset=1), b),  # misaligned view of the same shape
+        (view((24, 5)).t(), b),  # column-major a: another stride
+        (view((5, 24), dtype=torch.float16), b.half()),  # dtype
+        (view((1, 24)), b),  # another M
+        (a, b, "a100"),  # another target
+    ):
+        check(fn, args, ref, recorded, "matmul", miss=True, tol=2e-3)
+        check(fn, args, ref, recorded, "matmul", miss=False, tol=2e-3)
+    assert call_cache.sizes()["matmul"] == 6
+
+
+def test_matmul_triton_into_out(recorded):
+    a, b = view((3, 40)), view((40, 20), seed=1)
+    out = torch.empty(3, 20)
+    for miss in (True, False):
+        got = MM.matmul_triton(a, b, out=out, hw="h200")
+        assert got is out and recorded == ["matmul"]
+        torch.testing.assert_close(out.double(), a.double() @ b.double(), rtol=1e-4, atol=1e-4)
+    wide = torch.empty(3, 40)[:, ::2]  # a strided out: another class
+    MM.matmul_triton(a, b, out=wide, hw="h200")
+    assert recorded == ["matmul", "matmul"]
+    torch.testing.assert_close(wide.double(), a.double() @ b.double(), rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_bad_calls_raise_as_without_the_cache():
+    a, b = view((4, 16)), view((16, 8))
+    MM.matmul_triton(a, b, out=torch.empty(4, 8), hw="h200")
+    bad = (
+        (a, view((15, 8))),  # inner dimensions
+        (a, b.half()),  # dtypes differ
+        (a.tolist(), b),  # not a tensor
+        (a, b, torch.empty(4, 9)),  # out's shape
+        (a, b, torch.empty(4, 8, dtype=torch.float16)),  # out's dtype
+        (a, b, torch.empty(4, 1).expand(4, 8)),  # overlapping out
+    )
+    for args in bad:
+        errors = []
+        for on in (True, False):
+            with direct.enabled(on), pytest.raises((ValueError, TypeError)) as e:
+                MM.matmul_triton(*args[:2], out=args[2] if len(args) > 2 else None, hw="h200")
+            errors.append((type(e.value), str(e.value)))
+        assert errors[0] == errors[1]
+    assert call_cache.sizes()["matmul"] == 1
+    grad = a.clone().requires_grad_()
+    with pytest.raises(ValueError, match="requires grad"):
+        MM.matmul_triton(grad, b, hw="h200")
+    with torch.no_grad():  # allowed without grad, and never cached (grad mode is not in the key)
+        MM.matmul_triton(grad, b, hw="h200")
+    with pytest.raises(ValueError, match="requires grad"):
+        MM.matmul_triton(grad, b, hw="h200")
+    assert call_cache.sizes()["matmul"] == 1
+
+
+def test_matmul_empty_problems_keep_their_full_path():
+    a, b = view((3, 0)), view((0, 5))
+    for _ in range(2):
+        out = torch.full((3, 5), 7.0)
+        assert torch.equal(MM.matmul_triton(a, b, out=out, hw="h200"), torch.zeros(3, 5))
+
+
+# ---------------------------------------------------------------------------------------------
+# transform and cache
+
+
+def rms_ref(x, w, eps, residual=None):
+    z = x if residual is None else (x + residual).to(x.dtype)
+    zd = z.double()
+    y = zd * torch.rsqrt(zd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    return y if residual is None else (y, z)
+
+
+def test_rms_norm_hits_and_misses(recorded):
+    fn = lambda x, w, eps=1e-6, hw="h200": TR.rms_norm(x, w, eps, hw=hw)  # noqa: E731
+    ref = lambda x, w, eps=1e-6, hw="h200": rms_ref(x, w, eps)  # noqa: E731
+    w = view((257,), seed=1)
+    check(fn, (view((4, 257)), w), ref, recorded, "rms_norm", miss=True, tol=1e-4)
+    check(fn, (view((4, 257), seed=5), w), ref, recorded, "rms_norm", miss=False, tol=1e-4)
+    for args in (
+        (view((4, 257), offset=1), w),  # misaligned
+        (view((4, 300))[:, :257], w),  # row stride 300
+        (view((4, 257), dtype=torch.float16), w),  # dtype
+        (view((4, 257)), w, 1e-2),  # eps
+        (view((4, 257)), w, 1e-6, "a100"),  # target
+        (view((4, 257)), view((514,), seed=1)[::2]),  # strided weight (copied: no plan, still right)
+    ):
+        check(fn, args, ref, recorded, "rms_norm", miss=True, tol=2e-3)
+        check(fn, args, ref, recorded, "rms_norm", miss=False, tol=2e-3)
+
+
+def test_rms_norm_residual_hits_and_misses(recorded):
+    fn = lambda x, w, r: TR.rms_norm(x, w, 1e-6, residual=r, hw="h200")  # noqa: E731
+    ref = lambda x, w, r: rms_ref(x, w, 1e-6, r)  # noqa: E731
+    w = view((64,), seed=1)
+    check(fn, (view((3, 64)), w, view((3, 64), seed=2)), ref, recorded, "rms_norm", miss=True, tol=1e-4)
+    check(fn, (view((3, 64), seed=3), w, view((3, 64), seed=4)), ref, recorded, "rms_norm", miss=False, tol=1e-4)
+    check(fn, (view((3, 64)), w, view((3, 64), offset=2)), ref, recorded, "rms_norm", miss=True, tol=1e-4)
+    # Without the residual: another class.
+    got = TR.rms_norm(view((3, 64)), w, 1e-6, hw="h200")
+    assert recorded[-1] == "rms_norm" and len(recorded) == 3 and isinstance(got, torch.Tensor)
+
+
+def silu_ref(x):
+    d = x.shape[-1] // 2
+    g, u = x.double()[..., :d], x.double()[..., d:]
+    return g * torch.sigmoid(g) * u
+
+
+def test_silu_and_mul_hits_and_misses(recorded):
+    fn = lambda x, hw="h200": TR.silu_and_mul(x, hw=hw)  # noqa: E731
+    ref = lambda x, hw="h200": silu_ref(x)  # noqa: E731
+    check(fn, (view((3, 64)),), ref, recorded, "silu_and_mul", miss=True, tol=1e-5)
+    check(fn, (view((3, 64), seed=1),), ref, recorded, "silu_and_mul", miss=False, tol=1e-5)
+    for args in ((view((3, 72))[:, 4:68],), (view((3, 64), offset=1),), (view((2, 3, 64)),), (view((3, 64)), "a10")):
+        check(fn, args, ref, recorded, "silu_and_mul", miss=True, tol=1e-5)
+        check(fn, args, ref, recorded, "silu_and_mul", miss=False, tol=1e-5)
+
+
+def rope_ref(pos, q, k, cs, hs, neox):
+    def rot(t):
+        t = t.double().reshape(t.shape[0], -1, hs).clone()
+        rd = cs.shape[1]
+        c, s = cs.double()[pos][:, None, : rd // 2], cs.double()[pos][:, None, rd // 2 :]
+        if neox:
+            x1, x2 = t[..., : rd // 2].clone(), t[..., rd // 2 : rd].clone()
+            t[..., : rd // 2], t[..., rd // 2 : rd] = x1 * c - x2 * s, x2 * c + x1 * s
+        else:
+            x1, x2 = t[..., 0:rd:2].clone(), t[..., 1:rd:2].clone()
+            t[..., 0:rd:2], t[..., 1:rd:2] = x1 * c - x2 * s, x2 * c + x1 * s
+        return t
+
+    return rot(q), rot(k)
+
+
+def test_rotary_embedding_hits_and_misses(recorded):
+    hs = 16
+
+    def fn(pos, q, k, cs, neox=True, hw="h200"):
+        TR.rotary_embedding(pos, q, k, cs, hs, neox, hw=hw)
+        return q.view(q.shape[0], -1, hs), k.view(k.shape[0], -1, hs)
+
+    def case(neox=True, hw="h200", offset=0, dtype=torch.float32, seed=0):
+        pos = torch.tensor([3, 0, 7])
+        q, k = view((3, 4 * hs), dtype, offset, seed), view((3, 2 * hs), dtype, 0, seed + 1)
+        return (pos, q, k, view((8, hs), seed=9), neox, hw)
+
+    def checked(args, miss):
+        ref = rope_ref(args[0], args[1].clone(), args[2].clone(), args[3], hs, args[4])
+        tol = 1e-5 if args[1].dtype == torch.float32 else 2e-3
+        check(fn, args, lambda *a: ref, recorded, "rotary_embedding", miss=miss, tol=tol)
+
+    checked(case(), True)
+    checked(case(seed=4), False)
+    for kw in ({"neox": False}, {"hw": "a100"}, {"offset": 2}, {"dtype": torch.float16}):
+        checked(case(**kw), True)
+        checked(case(**kw, seed=6), False)
+
+
+def test_reshape_and_cache_hits_and_misses(recorded):
+    def fn(key, value, slots, kc_shape=(4, 2, 2, 8)):
+        kc, vc = torch.zeros(kc_shape), torch.zeros(kc_shape)
+        C.reshape_and_cache(key, value, kc, vc, slots, hw="h200")
+        return kc, vc
+
+    def ref(key, value, slots, kc_shape=(4, 2, 2, 8)):
+        kc, vc = torch.zeros(kc_shape), torch.zeros(kc_shape)
+        kc.view(-1, *kc_shape[2:])[slots] = key[: len(slots)]
+        vc.view(-1, *kc_shape[2:])[slots] = value[: len(slots)]
+        return kc, vc
+
+    slots = torch.tensor([0, 3, 5])
+    check(fn, (view((3, 2, 8)), view((3, 2, 8), seed=1), slots), ref, recorded, "reshape_and_cache", miss=True, tol=0)
+    # Another slot mapping (contents are never read on the host): a hit, written where it says.
+    check(fn, (view((3, 2, 8), seed=2), view((3, 2, 8), seed=3), torch.tensor([7, 1, 2])), ref, recorded,
+          "reshape_and_cache", miss=False, tol=0)
+    for args in (
+        (view((3, 2, 8), offset=1), view((3, 2, 8)), slots),  # misaligned key
+        (view((3, 2, 16))[:, :, :8], view((3, 2, 8)), slots),  # strided heads
+        (view((3, 2, 8)), view((3, 2, 8)), slots[:1]),  # one token
+        (view((3, 2, 8)), view((3, 2, 8)), slots.int()),  # int32 slots
+        (view((3, 2, 8)), view((3, 2, 8)), torch.tensor([0, 9, 3, 9, 5])[::2]),  # strided slots: copied, no plan
+    ):
+        check(fn, args, ref, recorded, "reshape_and_cache", miss=True, tol=0)
+        check(fn, args, ref, recorded, "reshape_and_cache", miss=False, tol=0)
+    with pytest.raises(ValueError, match="slot_mapping must be 1-D"):
+        fn(view((3, 2, 8)), view((3, 2, 8)), slots.view(3, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds and switches
+
+
+def test_each_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(call_cache, "LIMIT", 2)
+    sizes = []
+    for rows in (1, 2, 3, 4, 5):
+        x = view((rows, 64))
+        torch.testing.assert_close(TR.silu_and_mul(x, hw="h200").double(), silu_ref(x), rtol=1e-5, atol=1e-5)
+        sizes.append(call_cache.sizes()["silu_and_mul"])
+    assert sizes == [1, 2, 1, 2, 1]
+
+
+def test_no_plans_inside_a_compile_only_scope():
+    seen = []
+    with launch.compile_only(lambda kernel, grid, args, kwargs: seen.append(kernel)):
+        TR.silu_and_mul(view((3, 64)), hw="h200")
+        TR.silu_and_mul(view((3, 64)), hw="h200")
+    assert len(seen) == 2 and call_cache.sizes()["silu_and_mul"] == 0
+    TR.silu_and_mul(view((3, 64)), hw="h200")
+    assert call_cache.sizes()["silu_and_mul"] == 1
+    with launch.compile_only(lambda kernel, grid, args, kwargs: seen.append(kernel)):
+        TR.silu_and_mul(view((3, 64)), hw="h200")  # a class with a plan: still handed to the scope
+    assert len(seen) == 3
+
+
+def test_off_with_direct_launches():
+    with direct.enabled(False):
+        TR.silu_and_mul(view((3, 64)), hw="h200")
+    assert call_cache.sizes()["silu_and_mul"] == 0
+    code = (
+        "import torch; from policy_runtime import call_cache; from generated import transform as TR;"
+        "from generated import matmul as MM;"
+        "[TR.silu_and_mul(torch.randn(2, 32), hw='h200') for _ in range(2)];"
+        "[MM.matmul_triton(torch.randn(2, 8), torch.randn(8, 4), hw='h200') for _ in range(2)];"
+        "print(sum(call_cache.sizes().values()))"
+    )
+    for value, want in (("0", "0"), ("1", "2")):
+        env = dict(os.environ, TRITON_INTERPRET="1", POLICY_RUNTIME_DIRECT_LAUNCH=value)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() == [want]
