@@ -54,8 +54,9 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--rounds",
         type=int,
-        default=10,
-        help="interleaved rounds per shape (10: each of 5 methods twice in each place)",
+        default=None,
+        help="interleaved rounds per shape (default 10: each of 5 methods twice in each place; 2 with"
+        " --cpu-smoke: a forward and a reversed round)",
     )
     p.add_argument("--overhead-calls", type=int, default=3000)
     p.add_argument(
@@ -68,13 +69,18 @@ def parse() -> argparse.Namespace:
         type=int,
         default=1,
         help="first-call measurements per shape and Triton state; the order of generated and autotune"
-        " alternates between repeats (default 1)",
+        " alternates between repeats (default 1; 0: none)",
     )
     p.add_argument("--first-call", choices=["generated", "autotune"], help=argparse.SUPPRESS)
     p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
     p.add_argument("--again-m", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--warm-triton", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args()
+    args = p.parse_args()
+    if args.rounds is None:
+        args.rounds = 2 if args.cpu_smoke else 10
+    if args.rounds < 1 or args.repeats < 0:
+        p.error("--rounds must be at least 1 and --repeats at least 0")
+    return args
 
 
 ARGS = parse()
@@ -266,7 +272,8 @@ def host_overhead(hw, M: int, N: int, K: int) -> dict:
         M, N, K = min(M, 4), 64, 64
     a = torch.randn(M, K, device=DEVICE, dtype=torch.float32).to(DTYPE)
     b = torch.randn(K, N, device=DEVICE, dtype=torch.float32).to(DTYPE)
-    n = 20 if ARGS.cpu_smoke else ARGS.overhead_calls
+    # The interpreter's calls take milliseconds: a few show the loop's wiring, not a host cost.
+    warm, n = (2, 3) if ARGS.cpu_smoke else (20, ARGS.overhead_calls)
     out = {}
     for name, fn in [
         ("torch.matmul", lambda: torch.matmul(a, b)),
@@ -274,7 +281,7 @@ def host_overhead(hw, M: int, N: int, K: int) -> dict:
         ("matmul_triton", lambda: mm.matmul_triton(a, b, hw=hw)),
         ("torch.matmul (again)", lambda: torch.matmul(a, b)),
     ]:
-        for _ in range(20):
+        for _ in range(warm):
             fn()
         sync()
         t0 = time.perf_counter()

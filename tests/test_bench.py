@@ -29,7 +29,9 @@ def run_bench(script: str, tmp_path, *args: str, code: int = 0) -> subprocess.Co
 
 
 def test_matmul_bench_smoke(tmp_path):
-    out = run_bench("matmul.py", tmp_path).stdout
+    # --repeats 0: no first-call children here; test_matmul_bench_first_call_only_repeats runs them
+    # (the same first_call_latency, both methods in both Triton states, twice).
+    out = run_bench("matmul.py", tmp_path, "--repeats", "0").stdout
     # One table row per smoke shape, each with its bucket and an error against float64.
     for shape in ("(33, 70, 48)", "(1, 40, 64)", "(8, 96, 32)"):
         row = next(line for line in out.splitlines() if line.startswith(f"| {shape} |"))
@@ -37,8 +39,11 @@ def test_matmul_bench_smoke(tmp_path):
         assert err < 1e-3, row
     assert "geomean vs torch.matmul" in out
     assert re.search(r"eager loop us/call at \(16, 11008, 2048\): torch.matmul [\d.]+, matmul [\d.]+", out), out
-    # Both first-call measurements (cold, initialised) ran in their fresh processes.
-    assert len(re.findall(r"first call 33x70x48 \(.*\): generated [\d.]+ s, autotune [\d.]+ s", out)) == 2, out
+    assert "first call" not in out
+    result = json.loads((tmp_path / "matmul.json").read_text())
+    assert [tuple(r["shape"]) for r in result["shapes"]] == [(33, 70, 48), (1, 40, 64), (8, 96, 32)]
+    assert result["first_call"] == result["first_call_summary"] == []
+    assert set(result["decode_eager_loop_us"]) == {"torch.matmul", "matmul", "matmul_triton", "torch.matmul (again)"}
 
 
 def test_matmul_bench_first_call_only_repeats(tmp_path):
@@ -120,7 +125,7 @@ def test_attention_bench_smoke(tmp_path):
     assert any(r["ragged"] for r in decode)
     vllm = [r for r in decode if "vllm_us" in r]
     if PEERS.is_file():  # the vLLM decode peer beside ours where the peer file is there
-        assert {(r["batch"], r["context"], r["ragged"]) for r in vllm} == {(1, 40, False), (3, 100, True)}
+        assert {(r["batch"], r["context"], r["ragged"]) for r in vllm} == {(3, 100, True)}
         assert all(r["ratio_vs_vllm"] > 0 for r in vllm)
     else:
         assert not vllm and "not found" in result["peers"]["vllm_decode"]
@@ -132,7 +137,7 @@ def test_moe_bench_smoke(tmp_path):
     """bench/moe.py on its smoke shapes: the qwen36 stand-in's token counts ran each bucket of the
     target (h200), the wide decode bucket at the e128 stand-in's one token, each method checked
     against the fp32 reference before it was timed, the cuBLAS comparison at the prefill sizes,
-    the decode step (eager here) at the decode sizes."""
+    the decode step (eager here) at one token of the qwen36 stand-in."""
     out = run_bench("moe.py", tmp_path).stdout
     result = json.loads((tmp_path / "moe.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
@@ -147,7 +152,7 @@ def test_moe_bench_smoke(tmp_path):
         assert {"ours", "grouped"} <= checked and all(e < 2e-2 for e in c["errors_vs_ref"].values()), c
         assert c["ours_us"] > 0 and c["grouped_us"] > 0 and 0 < c["ours_weight_frac_copy"]
         assert ("cublas_expert_tflops" in c) == ("cublas_expert" in checked) == (c["T"] >= 16)
-        stepped = c["T"] == 1  # (T <= 16 on a GPU)
+        stepped = (c["shape"], c["T"]) == ("qwen36", 1)  # (every T <= 16 on a GPU)
         assert ("ours_step_layer_us" in c) == stepped and "step_error" not in c, c
         if stepped:
             assert c["step_layers"] == 2 and c["step_weight_bytes"] > c["weight_bytes"] > 0

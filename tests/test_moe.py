@@ -92,12 +92,16 @@ def run_checked(inputs, *, variant=None, hw=None, activation="silu", what=""):
 
 @pytest.mark.parametrize("name", sorted(M.VARIANTS))
 def test_every_kernel_pair(name):
-    """Each specialized pair, whatever bucket it serves, on a routed call that uses every expert
-    (the policy tests below run each pair again at a T of its bucket)."""
+    """Each specialized pair once, through fused_moe(hw=target) at a T (and expert intermediate
+    size) of the first bucket that serves it (FIRST_RUNS, below): the policy's host path, and the
+    pair's tiles at a size its bucket sees (past 512 tokens for a last bucket, WIDE_I for a wide
+    one).  The policy test checks the routing of every other bucket and target."""
     v = M.VARIANTS[name]
-    T, k = (13, 8) if v.kind == "grouped" else (2, 4)
+    variant, target, bucket_name, T, inter = FIRST_RUNS[name]
     for dtype in dtypes_of(name):
-        run_checked(layer(T, k, 8, dtype), variant=v, what=f"{name} T={T} k={k}")
+        bucket = M.select(T, inter, dtype=dtype, hw=target)
+        assert (bucket.name, bucket.variant) == (bucket_name, v), (name, target, T, inter)
+        run_checked(layer(T, 2, 4, dtype, i=inter), hw=target, what=f"{name}: {target} {bucket_name} T={T} I={inter}")
 
 
 @pytest.mark.parametrize("T, hw", [(2, "h200"), (9, "bi_v100")])
@@ -304,17 +308,15 @@ def bucket_shapes(policy, select):
 DISTINCT_POLICIES = distinct_policies()
 
 
-def first_runs() -> set[tuple[str, str, str]]:
-    """(variant, first target, bucket) of the first bucket, in the order of DISTINCT_POLICIES, that
-    each kernel pair serves: the policy test below runs each pair once at a T of a bucket it serves
-    (test_every_kernel_pair runs every pair too), and only checks the routing of the others."""
-    seen, out = set(), set()
+def first_runs() -> dict[str, tuple[str, str, str, int, int]]:
+    """Kernel pair -> (variant, first target, bucket, T, I) of the first bucket, in the order of
+    DISTINCT_POLICIES, that serves it: test_every_kernel_pair runs each pair there, once."""
+    out: dict[str, tuple[str, str, str, int, int]] = {}
     for param in DISTINCT_POLICIES:
         variant, targets = param.values
-        for bucket in M._POLICIES[variant][targets[0]][0]:
-            if bucket.variant.name not in seen:
-                seen.add(bucket.variant.name)
-                out.add((variant, targets[0], bucket.name))
+        policy, select = M._POLICIES[variant][targets[0]]
+        for (T, inter), bucket in zip(bucket_shapes(policy, select), policy):
+            out.setdefault(bucket.variant.name, (variant, targets[0], bucket.name, T, inter))
     return out
 
 
@@ -323,19 +325,17 @@ FIRST_RUNS = first_runs()
 
 @pytest.mark.parametrize("variant, targets", DISTINCT_POLICIES)
 def test_every_distinct_policy_through_fused_moe(variant, targets):
-    """Each bucket's shape routes to it on every target of the group (one policy for all); one call
-    through fused_moe(hw=target) per bucket whose kernel pair no earlier policy ran (FIRST_RUNS), and
-    the policy's first bucket always: the last bucket past 512 tokens, a wide bucket at an expert
-    intermediate size past 512."""
+    """Each bucket's shape routes to it on every target of the group (one policy for all), and its
+    kernel pair runs through fused_moe(hw=target) at such a shape (test_every_kernel_pair, each
+    pair once: a last bucket's past 512 tokens, a wide bucket's at an intermediate size past 512)."""
     table = M._POLICIES[variant]
     policy, select = table[targets[0]]
     assert all(table[t][0] is policy for t in targets)
     dtype = torch.float32 if variant.endswith("fp32") else torch.float16
-    for i, ((T, inter), bucket) in enumerate(zip(bucket_shapes(policy, select), policy)):
-        assert M.select(T, inter, dtype=dtype, hw=targets[-1]) is bucket
-        if i == 0 or (variant, targets[0], bucket.name) in FIRST_RUNS:
-            what = f"{targets[0]} {bucket.name} T={T} I={inter}"
-            run_checked(layer(T, 2, 4, dtype, i=inter), hw=targets[0], what=what)
+    for (T, inter), bucket in zip(bucket_shapes(policy, select), policy):
+        for target in targets:
+            assert M.select(T, inter, dtype=dtype, hw=target) is bucket, (target, bucket.name, T, inter)
+        assert bucket.variant.name in FIRST_RUNS
 
 
 def test_bucket_selection_on_the_h200():
@@ -382,7 +382,9 @@ def test_bi_v100_keeps_the_seed_tiles():
 # Routings: ragged T, k, experts without tokens, all tokens on one expert.
 
 
-@pytest.mark.parametrize("T", [1, 2, 7, 33, 130, 300])
+# One T in each of the h200 policy's buckets (decode_one, decode, small), and the medium bucket's
+# kernel at its first T and at many tiles an expert (T = 130 ran the same kernel between them).
+@pytest.mark.parametrize("T", [1, 2, 7, 33, 300])
 def test_ragged_token_counts_on_the_h200_policy(T):
     for dtype in [torch.float16] + ([torch.bfloat16] if GPU else []):
         run_checked(layer(T, 8, 16, dtype), hw="h200", what=f"T={T}")

@@ -179,18 +179,22 @@ def test_build_check_show_explain_on_a_copy_of_the_specs(installed, built):
     assert explained.stdout.startswith("attention_fp16.triton_block_n on h200 (nvidia 90, specs/hardware/h200.toml)")
 
 
-def _has_torch(installed) -> bool:
+def _torch_and_cuda(installed) -> tuple[bool, bool]:
+    """(torch and triton import in the installed environment, torch sees a GPU): one probe."""
     python, _, env, work = installed
-    return subprocess.run([str(python), "-c", "import torch, triton"], cwd=work, env=env).returncode == 0
+    probe = "import torch, triton; print(torch.cuda.is_available())"
+    proc = subprocess.run([str(python), "-c", probe], cwd=work, env=env, capture_output=True, text=True)
+    return proc.returncode == 0, proc.stdout.strip() == "True"
 
 
 def test_the_generated_modules_import_from_the_copy_and_a_tune_plans(installed, built):
     python, _, env, work = installed
-    if not _has_torch(installed):
+    has_torch, cuda = _torch_and_cuda(installed)
+    if not has_torch:
         pytest.skip("torch and triton are not installed: the generated modules and tune need them")
     root = built
     env = dict(env)
-    env.setdefault("TRITON_INTERPRET", "1" if not _cuda(installed) else "0")
+    env.setdefault("TRITON_INTERPRET", "0" if cuda else "1")
     code = (
         "import generated, policy_runtime\n"
         "from generated import dispatch\n"
@@ -221,9 +225,3 @@ def test_the_generated_modules_import_from_the_copy_and_a_tune_plans(installed, 
     assert tune.returncode == 0, tune.stderr + tune.stdout
     assert "1/1" in tune.stdout, tune.stdout
     assert snapshot(root / "specs") == before
-
-
-def _cuda(installed) -> bool:
-    python, _, env, work = installed
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    return subprocess.run([str(python), "-c", probe], cwd=work, env=env).returncode == 0
