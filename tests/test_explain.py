@@ -9,11 +9,12 @@ from conftest import run_cli
 
 
 def test_explain_a_pick_lists_each_candidate_with_its_condition():
-    result = run_cli("explain", "attention", "triton_block_n", "--hw", "h200")
+    # h100: the base rule's pick (h200 has tiles of its own, measured).
+    result = run_cli("explain", "attention", "triton_block_n", "--hw", "h100")
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].startswith(
-        "attention_fp16.triton_block_n on h200 (nvidia 90, specs/hardware/h200.toml), model qwen36"
+        "attention_fp16.triton_block_n on h100 (nvidia 90, specs/hardware/h100.toml), model qwen36"
     )
     assert lines[1].startswith("  served by nvidia>=80 (specs/kernels/attention.toml:")
     assert lines[2] == "  chains from base"
@@ -28,7 +29,7 @@ def test_explain_a_pick_lists_each_candidate_with_its_condition():
         in lines
     )
     # Another model, another answer: head_dim 128 lets 128 rows fit.
-    llama = run_cli("explain", "attention", "triton_block_n", "--hw", "h200", "--model", "llama31_8b").out
+    llama = run_cli("explain", "attention", "triton_block_n", "--hw", "h100", "--model", "llama31_8b").out
     assert "    128: holds  <- chosen" in llama
 
 
@@ -97,7 +98,8 @@ def test_show_json_is_the_resolved_tree():
     assert result.code == 0
     data = json.loads(result.out)
     h200 = data["configs"]["attention"]["variants"]["attention_fp16"]["models"]["qwen36"]["h200"]
-    assert h200["record"]["triton_block_n"] == 64 and h200["policy"] == "nvidia>=80"
+    assert h200["record"]["triton_block_n"] == 64 and h200["policy"] == "nvidia>=90[h200]"
+    assert h200["record"]["triton_block_m"] == 128
     buckets = data["configs"]["matmul"]["variants"]["matmul_16bit"]["models"][""]["h200"]["buckets"]
     assert [b["name"] for b in buckets][:2] == ["decode_wide", "decode"]
     assert data["default_target"] == "bi_v100" and data["hardware"]["mi300x"]["arch"] == 942
