@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SMOKE_FIRST_CALL = [((33, 64, 48), 31)]
+# --cpu-smoke plans token counts up to 1,024, not 16,384: the exhaustive search over token counts takes
+# most of a plan's time in the interpreter, and tests/test_warmup*.py check the default plan itself.
+SMOKE_PLAN = {"max_tokens": 1024}
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -137,9 +140,10 @@ def _first_calls(torch, mm, hw, device, dtype) -> list[dict]:
 def _bucket_calls(torch, W, modules, hw, dtypes, device) -> list[dict]:
     """The first real call of every bucket, instantiation and plan with other shapes, timed; in
     the interpreter, their launch keys against the warm-up's."""
-    other = W.plan(modules, hw, dtypes=dtypes, pick="other")
+    smoke = SMOKE_PLAN if ARGS.cpu_smoke else {}
+    other = W.plan(modules, hw, dtypes=dtypes, pick="other", **smoke)
     if ARGS.cpu_smoke:
-        warm = W.plan(modules, hw, dtypes=dtypes).keys()
+        warm = W.plan(modules, hw, dtypes=dtypes, **smoke).keys()
         return [
             {"call": c.describe(), "launches": len(launches), "keys_warmed": all(k in warm for _, k in launches)}
             for c, launches in zip(other.calls, other.launches)
@@ -175,7 +179,8 @@ def phase_child() -> None:
     dtype = torch.float16 if ARGS.cpu_smoke else torch.bfloat16
     if ARGS.phase == "warmup":
         t0 = time.perf_counter()
-        report = generated.warmup(ARGS.hw, dtypes=ARGS.dtypes, workers=ARGS.workers, load=False, progress=True)
+        smoke = SMOKE_PLAN if ARGS.cpu_smoke else {}
+        report = generated.warmup(ARGS.hw, dtypes=ARGS.dtypes, workers=ARGS.workers, load=False, progress=True, **smoke)
         result.update(warmup_s=time.perf_counter() - t0, process_s=time.perf_counter() - T_START)
         result["report"] = {k: v for k, v in report.to_json().items() if k != "kernel_list"}
         result["kernels"] = [
@@ -189,7 +194,8 @@ def phase_child() -> None:
         counts = Compilations(triton, W._cache_dir())
         if ARGS.phase == "startup":
             t0 = time.perf_counter()
-            report = generated.warmup(ARGS.hw, dtypes=ARGS.dtypes, workers=0, load=True)
+            smoke = SMOKE_PLAN if ARGS.cpu_smoke else {}
+            report = generated.warmup(ARGS.hw, dtypes=ARGS.dtypes, workers=0, load=True, **smoke)
             result["startup_warmup_s"] = time.perf_counter() - t0
             result["startup_kernels"] = len(report.kernels)
             result["startup_compiled_now"] = report.compiled_now
