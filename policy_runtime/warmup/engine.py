@@ -298,6 +298,7 @@ def plan(
     modules = tuple(modules)
     dispatch = importlib.import_module(_package(modules) + ".dispatch")
     opts = _options(dispatch, hw, dtypes, models, block_size, max_tokens, pick)
+    dev = device()  # before the calls are listed (seconds of token counts): no GPU fails at once
     calls, notes = [], []
     for module in modules:
         found = driver(module)
@@ -312,7 +313,6 @@ def plan(
         if (call.module, call.op, call.args) not in seen:
             seen.add((call.module, call.op, call.args))
             unique.append(call)
-    dev = device()
     launches, failed = [], {}
     for i, call in enumerate(unique):
         try:
