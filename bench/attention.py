@@ -26,6 +26,8 @@ import sys
 import time
 import traceback
 
+from smoke import smoke_setup
+
 
 def _parse():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,12 +53,7 @@ def _parse():
 
 
 ARGS = _parse()
-SMOKE = ARGS.cpu_smoke
-if SMOKE:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-    if ARGS.hw is None:
-        sys.exit("--cpu-smoke needs --hw NAME (a hardware spec name, e.g. h200)")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOKE = smoke_setup(ARGS)  # before torch and Triton are imported
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -83,9 +80,7 @@ MODELS = {128: (4, 2), 256: (4, 1)} if SMOKE else {128: (32, 8), 256: (16, 4)}
 PREFILL_MODELS = MODELS if SMOKE else {64: (32, 8), **MODELS}
 # Decode's shapes (head_dim, query heads, KV heads): GQA ratios 1, 4 and 8 over head dims 64, 128, 256.
 DECODE_MODELS = (
-    [(128, 4, 2), (256, 4, 1)]
-    if SMOKE
-    else [(64, 16, 16), (128, 32, 8), (128, 64, 8), (256, 16, 4), (256, 16, 2)]
+    [(128, 4, 2), (256, 4, 1)] if SMOKE else [(64, 16, 16), (128, 32, 8), (128, 64, 8), (256, 16, 4), (256, 16, 2)]
 )
 # The peers: vLLM's Triton paged decode (../shared/peers/vllm_triton.py, when there) with
 # VLLM_KV_SPLITS splits (SGLang's default; vLLM's MLA caller uses 4), compiled FlexAttention and

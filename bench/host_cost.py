@@ -32,6 +32,8 @@ import time
 import traceback
 from pathlib import Path
 
+from smoke import smoke_setup
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -50,11 +52,7 @@ def parse() -> argparse.Namespace:
 
 
 ARGS = parse()
-SMOKE = ARGS.cpu_smoke
-if SMOKE:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-    if ARGS.hw is None:
-        sys.exit("--cpu-smoke needs --hw NAME (a hardware spec name, e.g. h200)")
+SMOKE = smoke_setup(ARGS)  # before torch and Triton are imported
 
 import torch  # noqa: E402
 import triton  # noqa: E402

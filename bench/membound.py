@@ -25,6 +25,8 @@ import sys
 import time
 import traceback
 
+from smoke import smoke_setup
+
 
 def _parse():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,12 +40,7 @@ def _parse():
 
 
 ARGS = _parse()
-SMOKE = ARGS.cpu_smoke
-if SMOKE:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-    if ARGS.hw is None:
-        sys.exit("--cpu-smoke needs --hw NAME (a hardware spec name, e.g. h200)")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOKE = smoke_setup(ARGS)  # before torch and Triton are imported
 
 import torch  # noqa: E402
 import triton  # noqa: E402
