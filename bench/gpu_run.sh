@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
-# then a benchmark.  Usage: bench/gpu_run.sh {tests,matmul,membound,attention,moe,peers,host_cost,warmup_classes,scaled_mm,moe_fp8,first_call,warmup,fp8_kv,window}...   Logs go to $OUT (or /tmp).
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,sweep,matmul,membound,attention,moe,peers,host_cost,warmup_classes,scaled_mm,moe_fp8,first_call,warmup,fp8_kv,window}...   Logs go to $OUT (or /tmp).
 # first_call: only matmul's first-call latencies, 3 repeats (they move by tenths of a second between processes).
 # warmup: ahead-of-time warm-up of every kernel module (bf16, fp16), then the first calls after it and autotune's, 3 repeats.
 set -u
@@ -13,8 +13,16 @@ status=0
 for step in "$@"; do
     case "$step" in
         tests)
-            python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_matmul.py tests/test_transform*.py tests/test_cache.py tests/test_attention*.py tests/test_moe*.py tests/test_first_launch.py tests/test_detect.py tests/test_parity.py \
+            # The kernel test files (the compiler's need pydantic, the warm-up plan tests the interpreter):
+            # about 250 s on 14 workers.
+            python3 -m pytest -q -p no:cacheprovider -n 14 --tb=short -rfE \
+                tests/test_matmul.py tests/test_transform*.py tests/test_cache.py tests/test_attention*.py tests/test_moe*.py \
+                tests/test_first_launch.py tests/test_detect.py tests/test_parity.py tests/test_fp8_kv*.py tests/test_fp8_cast.py \
+                tests/test_scaled_mm.py tests/test_feature_records.py tests/test_direct_launch*.py tests/test_call_cache.py \
+                tests/test_warmup_gpu.py tests/test_host_cost.py \
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
+        # The attention tile sweep (prefill and decode tiles, ~4 min), for the specs' h200 policies.
+        sweep) python3 bench/attention_sweep.py --json "$OUT/attention_sweep.json" --budget-s 235 2>&1 | tee "$OUT/attention_sweep.log" || status=1 ;;
         matmul) python3 bench/matmul.py 2>&1 | tee "$OUT/bench_matmul.log" || status=1 ;;
         membound) python3 bench/membound.py 2>&1 | tee "$OUT/bench_membound.log" || status=1 ;;
         attention) python3 bench/attention.py 2>&1 | tee "$OUT/bench_attention.log" || status=1 ;;
