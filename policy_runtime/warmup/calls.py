@@ -15,8 +15,14 @@ class with ``first_of_each_class``.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -39,6 +45,7 @@ __all__ = [
     "bucket_counts",
     "int_class",
     "first_of_each_class",
+    "plan_cache_dir",
 ]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -120,13 +127,92 @@ def _plan_key(p: Any) -> tuple:
 def _plan_pieces(planner: Callable[..., Any], rest: tuple, max_tokens: int) -> tuple[tuple[tuple, int, int], ...]:
     """The distinct launch plans of ``planner(n, *rest)`` over the token counts, in order of
     first appearance: (plan key, first n, another n with that plan or the first again).  Those
-    that first appear past max_tokens (at the sampled counts) come last."""
+    that first appear past max_tokens (at the sampled counts) come last.  The search calls the
+    planner some 16,000 times (seconds for a whole plan), so its result is also kept on disk
+    (``_stored``) for other processes."""
+    key = _store_key(planner, rest, max_tokens)
+    found = _stored(key)
+    if found is not None:
+        return found
     seen: dict[tuple, list[int]] = {}
     for n in token_counts(max_tokens):
         ns = seen.setdefault(_plan_key(planner(n, *rest)), [])
         if len(ns) < 2:
             ns.append(n)
-    return tuple((key, ns[0], ns[-1]) for key, ns in seen.items())
+    pieces = tuple((key, ns[0], ns[-1]) for key, ns in seen.items())
+    _store(key, pieces)
+    return pieces
+
+
+# ---------------------------------------------------------------------------------------
+# The searches' results on disk: $POLICY_RUNTIME_CACHE_DIR (empty: nowhere), else
+# $XDG_CACHE_HOME/policy_runtime or ~/.cache/policy_runtime, one file per search, named by a hash
+# of everything its result depends on: the planner (module and name), repr(rest) (the tables a
+# generated module hands over: values only; a repr with an object's address is not stored), the
+# token limit, whether Triton's interpreter is on, the torch and Triton versions, and the bytes of
+# every source file of policy_runtime and of the planner's own module.  A file that cannot be read
+# back is searched again; a cache that cannot be written is only slower.
+
+
+def plan_cache_dir() -> Optional[Path]:
+    env = os.environ.get("POLICY_RUNTIME_CACHE_DIR")
+    if env is not None:
+        return Path(env) if env else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "policy_runtime"
+
+
+@functools.lru_cache(maxsize=None)
+def _source_hash(module_file: str) -> str:
+    h = hashlib.sha256()
+    files = sorted(Path(__file__).resolve().parent.parent.rglob("*.py")) + [Path(module_file)]
+    for f in files:
+        h.update(str(f.name).encode())
+        h.update(f.read_bytes())
+    h.update(f"{_launch.INTERPRET} {torch.__version__} {_triton_version()}".encode())
+    return h.hexdigest()
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def _store_key(planner: Callable[..., Any], rest: tuple, max_tokens: int) -> Optional[str]:
+    if plan_cache_dir() is None:
+        return None
+    text = repr(rest)
+    module_file = getattr(sys.modules.get(planner.__module__), "__file__", None)
+    if " at 0x" in text or module_file is None:
+        return None
+    h = hashlib.sha256(_source_hash(module_file).encode())
+    h.update(f"{planner.__module__}.{planner.__qualname__}|{text}|{max_tokens}".encode())
+    return h.hexdigest()
+
+
+def _stored(key: Optional[str]) -> Optional[tuple]:
+    if key is None:
+        return None
+    path = plan_cache_dir() / "plans" / f"{key}.pickle"
+    try:
+        found = pickle.loads(path.read_bytes())
+    except Exception:  # absent, or unreadable: searched again
+        return None
+    return found if isinstance(found, tuple) else None
+
+
+def _store(key: Optional[str], pieces: tuple) -> None:
+    if key is None:
+        return
+    folder = plan_cache_dir() / "plans"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".tmp") as f:
+            f.write(pickle.dumps(pieces))
+        os.replace(f.name, folder / f"{key}.pickle")  # whole or not at all, whoever writes too
+    except (OSError, pickle.PicklingError):
+        pass
 
 
 def launch_plans(
