@@ -18,7 +18,7 @@ from generated import cache as C
 from generated import matmul as MM
 from generated import moe as MOE
 from generated import transform as TR
-from policy_runtime import direct, launch
+from policy_runtime import call_cache, direct, launch
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU paths; the GPU test is test_direct_launch_gpu")
 
@@ -163,7 +163,10 @@ def test_a_compiled_entry_passes_the_bound_arguments_in_signature_order(monkeypa
 
 
 def calls_of(fn, *argsets):
-    """fn on each argument set with the cache on (counting new entries), then off; the outputs."""
+    """fn on each argument set with the cache on (counting new entries), then off; the outputs.
+    Both caches start empty: what other tests of this process made is not counted as a hit here."""
+    direct.clear()
+    call_cache.clear_all()
     on, made = [], []
     for args in argsets:
         before = direct.size()
