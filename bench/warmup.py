@@ -53,6 +53,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 ARGS = parse()
+PLAN_OPTIONS = SMOKE_PLAN if ARGS.cpu_smoke else {}
 if ARGS.cpu_smoke:
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -140,10 +141,9 @@ def _first_calls(torch, mm, hw, device, dtype) -> list[dict]:
 def _bucket_calls(torch, W, modules, hw, dtypes, device) -> list[dict]:
     """The first real call of every bucket, instantiation and plan with other shapes, timed; in
     the interpreter, their launch keys against the warm-up's."""
-    smoke = SMOKE_PLAN if ARGS.cpu_smoke else {}
-    other = W.plan(modules, hw, dtypes=dtypes, pick="other", **smoke)
+    other = W.plan(modules, hw, dtypes=dtypes, pick="other", **PLAN_OPTIONS)
     if ARGS.cpu_smoke:
-        warm = W.plan(modules, hw, dtypes=dtypes, **smoke).keys()
+        warm = W.plan(modules, hw, dtypes=dtypes, **PLAN_OPTIONS).keys()
         return [
             {"call": c.describe(), "launches": len(launches), "keys_warmed": all(k in warm for _, k in launches)}
             for c, launches in zip(other.calls, other.launches)
@@ -179,8 +179,9 @@ def phase_child() -> None:
     dtype = torch.float16 if ARGS.cpu_smoke else torch.bfloat16
     if ARGS.phase == "warmup":
         t0 = time.perf_counter()
-        smoke = SMOKE_PLAN if ARGS.cpu_smoke else {}
-        report = generated.warmup(ARGS.hw, dtypes=ARGS.dtypes, workers=ARGS.workers, load=False, progress=True, **smoke)
+        report = generated.warmup(
+            ARGS.hw, dtypes=ARGS.dtypes, workers=ARGS.workers, load=False, progress=True, **PLAN_OPTIONS
+        )
         result.update(warmup_s=time.perf_counter() - t0, process_s=time.perf_counter() - T_START)
         result["report"] = {k: v for k, v in report.to_json().items() if k != "kernel_list"}
         result["kernels"] = [
@@ -194,8 +195,7 @@ def phase_child() -> None:
         counts = Compilations(triton, W._cache_dir())
         if ARGS.phase == "startup":
             t0 = time.perf_counter()
-            smoke = SMOKE_PLAN if ARGS.cpu_smoke else {}
-            report = generated.warmup(ARGS.hw, dtypes=ARGS.dtypes, workers=0, load=True, **smoke)
+            report = generated.warmup(ARGS.hw, dtypes=ARGS.dtypes, workers=0, load=True, **PLAN_OPTIONS)
             result["startup_warmup_s"] = time.perf_counter() - t0
             result["startup_kernels"] = len(report.kernels)
             result["startup_compiled_now"] = report.compiled_now

@@ -600,17 +600,15 @@ class Matmul(PolicyTables):
         where the policy says it wins (never with ``force_triton``).  A call of an argument class
         seen before replays its launches (call_cache.py; the split-K workspaces, per stream, are
         held in the plan)."""
-        try:
-            on = _call_cache.active(a)
-            if on:
-                key = (
-                    id(self), force_triton, hw, tensor_key(a), tensor_key(b),
-                    None if out is None else tensor_key(out), _call_cache.stream_of(a),
-                )
-                plan = _CALLS.plans.get(key)
-        except (AttributeError, TypeError):  # not tensors, an unhashable hw: the full path's checks
-            on = False
-        if not on:
+        key, plan = _call_cache.lookup(
+            _CALLS,
+            a,
+            lambda: (
+                id(self), force_triton, hw, tensor_key(a), tensor_key(b),
+                None if out is None else tensor_key(out), _call_cache.stream_of(a),
+            ),
+        )  # fmt: skip
+        if key is None:  # off, or not tensors / an unhashable hw: the full path's checks
             return self._run(a, b, out, hw, force_triton)
         if plan is not None and plan is not _call_cache.NO_PLAN:
             shape, tma = plan.data
