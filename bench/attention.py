@@ -45,6 +45,11 @@ def _parse():
         help="which phases to run, in this order (default: all)",
     )
     ap.add_argument(
+        "--window-cases",
+        default=None,
+        help="window phases: only the cases whose label contains this text (e.g. gemma2, d=128)",
+    )
+    ap.add_argument(
         "--no-flex",
         action="store_true",
         help="leave FlexAttention out (torch.compile recompiles it for every packed length: minutes a case)",
@@ -232,6 +237,18 @@ def replayed(fn):
     """fn captured into a CUDA graph (its replay): the per-sequence SDPA calls of a ragged batch
     then run without the host's launch gaps between them.  As it is on the CPU."""
     return fn if SMOKE else captured(fn, warmups=2)[0].replay
+
+
+def graph_method(row, fn):
+    """``fn`` replayed from a CUDA graph, the same launches without the host between them (how a
+    server runs decode), or None with the capture's error in ``row`` (none on the CPU)."""
+    if SMOKE:
+        return None
+    try:
+        return captured(fn, warmups=2)[0].replay
+    except Exception as e:  # noqa: BLE001
+        row["graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        return None
 
 
 def geomean(values):
@@ -863,6 +880,9 @@ def one_fp8_decode(name, head_dim, H, Hkv, batch, context, ragged):
     RES["fp8_decode"].append(row)
     if not ok:
         return
+    graph = graph_method(row, fp8)
+    if graph is not None:
+        methods["graph"] = graph
     timed = interleaved(methods, ROUNDS, "fp8", timer(estimate_ms(fp8)))
     key_cache = value_cache = kc8 = vc8 = None
     release()
@@ -878,11 +898,15 @@ def one_fp8_decode(name, head_dim, H, Hkv, batch, context, ragged):
     )
     if "vllm" in timed:
         row.update(vllm_us=timed["vllm"]["ms"] * 1e3, vllm_over_fp8=1 / timed["vllm"]["ratio"])
+    if "graph" in timed:
+        # The fp8 call replayed from a CUDA graph: what its launches cost without the host.
+        row.update(graph_us=timed["graph"]["ms"] * 1e3, graph_frac_copy=fp8_bytes / (timed["graph"]["ms"] * 1e-3) / copy_bw)
     log(
         f"{name:56s} {row['path']:18s} fp8 {row['fp8_us']:8.1f} us {row['fp8_tbps']:5.2f} TB/s "
         f"({row['frac_copy']:.2f} of copy, {row['frac_4_27']:.2f} of 4.27)  bf16 {row['bf16_us']:8.1f} us "
         f"(x{row['bf16_over_fp8']:.2f})  rel err vs bf16 {quant_err:.3f}"
         + (f"  vllm {row['vllm_us']:8.1f} us (x{row['vllm_over_fp8']:.2f})" if "vllm_us" in row else "")
+        + (f"  graph {row['graph_us']:8.1f} us ({row['graph_frac_copy']:.2f} of copy)" if "graph_us" in row else "")
     )
 
 
@@ -1036,16 +1060,24 @@ def one_window_decode(D, H, Hkv, batch, context, window, softcap):
     RES["window_decode"].append(row)
     if not ok:
         return
-    timed = interleaved({"ours": ours}, ROUNDS, "ours", timer(estimate_ms(ours)))
+    methods = {"ours": ours}
+    graph = graph_method(row, ours)
+    if graph is not None:
+        methods["graph"] = graph
+    timed = interleaved(methods, ROUNDS, "ours", timer(estimate_ms(ours)))
     key_cache = value_cache = None
     release()
     bw = kv_bytes / (timed["ours"]["ms"] * 1e-3)
     copy_bw = copy_bandwidth(kv_bytes)
     row.update(ours_us=timed["ours"]["ms"] * 1e3, ours_tbps=bw / 1e12, copy_tbps=copy_bw / 1e12,
                frac_copy=bw / copy_bw, frac_h200_copy=bw / (H200_COPY_TBPS * 1e12))  # fmt: skip
+    if "graph" in timed:
+        # The same call replayed from a CUDA graph: what the launches cost without the host.
+        row.update(graph_us=timed["graph"]["ms"] * 1e3, graph_frac_copy=kv_bytes / (timed["graph"]["ms"] * 1e-3) / copy_bw)
     log(
         f"{name:66s} {row['path']:18s} {row['ours_us']:8.1f} us {row['ours_tbps']:6.3f} TB/s of the window "
         f"({row['frac_copy']:.2f} of a copy of as many bytes, {row['frac_h200_copy']:.2f} of {H200_COPY_TBPS} TB/s)"
+        + (f"  graph {row['graph_us']:8.1f} us ({row['graph_frac_copy']:.2f} of copy)" if "graph_us" in row else "")
     )
 
 
@@ -1053,6 +1085,8 @@ def phase_window(parts=("prefill", "decode")):
     if "prefill" in parts:
         for label, D, H, Hkv, n, window, softcap in WINDOW_PREFILL:
             what = f"window prefill {label} seq={n}"
+            if ARGS.window_cases and ARGS.window_cases not in label:
+                continue
             if over_budget(what):
                 continue
             try:
@@ -1063,6 +1097,8 @@ def phase_window(parts=("prefill", "decode")):
     if "decode" in parts:
         for case in WINDOW_DECODE:
             what = f"window decode {case}"
+            if ARGS.window_cases and f"d={case[0]}" != ARGS.window_cases:
+                continue
             if over_budget(what):
                 continue
             try:
