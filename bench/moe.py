@@ -44,6 +44,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=240.0, help="soft budget: later cases are skipped past it")
     p.add_argument("--json", default=None, help="JSON path (default $OUT/moe.json)")
     p.add_argument("--quick", action="store_true", help=f"fewer token counts: {QUICK_TOKENS}")
+    p.add_argument("--models", nargs="+", default=None, help="only these shapes (qwen36, e128, mixtral, dsv2lite)")
+    p.add_argument("--tokens", nargs="+", type=int, default=None, help="only these token counts")
     return p.parse_args()
 
 
@@ -62,6 +64,8 @@ from generated.dispatch import target_name  # noqa: E402
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 TOKENS = [1, 3, 16, 40, 600] if SMOKE else QUICK_TOKENS if ARGS.quick else [1, 4, 16, 64, 256, 1024, 4096, 8192]
+if ARGS.tokens:
+    TOKENS = ARGS.tokens
 # The smoke run's e128 stand-in (past 512 intermediate columns, the interpreter's slowest shape)
 # runs only T = 1, the wide decode bucket: the qwen36 stand-in covers every other bucket, through
 # the same code of this script.
@@ -451,6 +455,8 @@ def main() -> int:
     RES["meta"]["vllm_peer"] = PEER_NOTE or str(peers.path())
     log(f"vLLM peer: {RES['meta']['vllm_peer']}")
     for name, s in shapes().items():
+        if ARGS.models and name not in ARGS.models:
+            continue
         RES["shapes"][name] = s
         log(f"shape {name}: E={s['E']} H={s['H']} I={s['I']} top-{s['k']} ({s['note']})")
         for T in TOKENS:

@@ -27,6 +27,9 @@ TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 2e-2}
 H, I = 64, 48  # hidden, expert intermediate: ragged against every tile
 # An expert intermediate size past 512 (h200's wide decode bucket), ragged against every tile.
 WIDE_I = 520
+# Past 4096 (Hopper's medium bucket stops there for wider experts, e.g. Mixtral's 14336): only its
+# routing is checked at this size (the kernel pairs run at I or WIDE_I).
+VERY_WIDE_I = 4104
 
 
 def dtypes_of(name):
@@ -291,11 +294,12 @@ def distinct_policies():
 
 
 def bucket_shapes(policy, select):
-    """One (T, I) inside each bucket: I the first of I and WIDE_I at which some T up to 600 reaches
-    the bucket, T the smallest such (plus 2 where that stays inside the bucket, so it is ragged)."""
+    """One (T, I) inside each bucket: I the first of I, WIDE_I and VERY_WIDE_I at which some T up
+    to 600 reaches the bucket, T the smallest such (plus 2 where that stays inside the bucket, so
+    it is ragged)."""
     out = []
     for bucket in policy:
-        for inter in (I, WIDE_I):
+        for inter in (I, WIDE_I, VERY_WIDE_I):
             ts = [t for t in range(1, 601) if select(t, inter) is bucket]
             if ts:
                 out.append((ts[0] + 2 if ts[0] + 2 in ts else ts[0], inter))
@@ -347,6 +351,12 @@ def test_bucket_selection_on_the_h200():
     wide = [M.select(T, 768, dtype=torch.bfloat16, hw="h200").name for T in Ts]
     assert wide == ["decode_one_wide"] + names[1:]
     assert M.select(1, 513, hw="h200").name == "decode_one_wide"
+    # Experts past 4096 columns (Mixtral's 14336) keep medium's tiles to 128 tokens, then take
+    # the prefill tiles (vLLM's H200 table for 8 x 14336 does so from 256 tokens).
+    mixtral = [M.select(T, 14336, dtype=torch.bfloat16, hw="h200") for T in (33, 128, 129, 512, 513)]
+    assert [b.name for b in mixtral] == ["medium_wide", "medium_wide", "prefill", "prefill", "prefill"]
+    assert mixtral[0].variant is M.select(33, 512, dtype=torch.bfloat16, hw="h200").variant
+    assert M.select(512, 4096, dtype=torch.bfloat16, hw="h200").name == "medium"
     one, one_wide, few = (M.select(T, i, hw="h200").variant for T, i in ((1, 512), (1, 768), (4, 768)))
     assert len({one.name, one_wide.name, few.name}) == 3
     assert (one_wide.block_k, one_wide.down_block_k, one_wide.down_num_warps) == (256, 256, 8)
