@@ -205,6 +205,8 @@ def small_config(target="h200", **over):
 
 
 def launch_record(head_dim=64, target="h200", **over):
+    # Partitions of the test's small_config (v2_max_partition 0) unless a test says otherwise.
+    over.setdefault("v2_max_partition", 0)
     return dataclasses.replace(dispatch_kernel_config(f"decode_d{head_dim}_16bit", target), **over)
 
 
@@ -317,10 +319,12 @@ def test_a_call_with_too_few_programs_splits_v1_lengths_into_partitions(monkeypa
     assert spy.merges == 0
     run_decode(None, torch.float32, [40, 20], 16, 4, 2, 64, cfg, launch_record(v1_min_programs=5))
     assert spy.merges == 1
-    # The generated records ask for one wave of the part's SMs.
+    # The generated records ask for one wave of the part's SMs; h200's (measured) for 1.5 waves
+    # of two programs an SM.
     for target in TARGETS:
         sel = at.select(torch.float16, 128, hw=target)
-        assert sel.launch.v1_min_programs == HARDWARE[target].sm_count
+        waves = 3 if target == "h200" else 1
+        assert sel.launch.v1_min_programs == waves * HARDWARE[target].sm_count
 
 
 def test_a_v2_launch_with_too_few_programs_halves_its_partitions(monkeypatch):
@@ -351,12 +355,40 @@ def test_a_v2_launch_with_too_few_programs_halves_its_partitions(monkeypatch):
         launch = launch_record(v1_min_programs=0, v2_min_programs=min_programs, v2_min_partition=min_partition)
         run_decode(None, torch.float32, lens, 16, 4, 2, 64, cfg, launch)
         assert merges[-1] == (want, -(-bound // want)), (min_programs, min_partition)
-    # The generated records ask for one wave of resident programs, down to two key tiles.
+    # The generated records ask for one wave of resident programs (h200's, measured: 1.5 waves of
+    # two an SM, from 2048-token partitions), down to two key tiles.
     for target in TARGETS:
         for head_dim in at.HEAD_DIMS:
             rec = at.select(torch.float16, head_dim, hw=target).launch
-            assert rec.v2_min_programs == rec.programs_per_sm * HARDWARE[target].sm_count
+            if target == "h200":
+                assert (rec.v2_min_programs, rec.v2_max_partition) == (3 * HARDWARE[target].sm_count, 2048)
+            else:
+                assert rec.v2_min_programs == rec.programs_per_sm * HARDWARE[target].sm_count
+                assert rec.v2_max_partition == 0
             assert rec.v2_min_partition == 2 * rec.block_n
+
+
+def test_v2_partitions_start_at_v2_max_partition_and_halve_while_too_few_programs():
+    """decode_plan: V2 partitions start at v2_max_partition tokens (0: the model's partition_size)
+    and halve while the launch has fewer than v2_min_programs programs, down to v2_min_partition;
+    a plan left with one partition is V1; a launch with too few (sequence, KV head) pairs splits
+    even below v1_v2_threshold."""
+    cfg = small_config(v1_v2_threshold=1000)  # partition_size 32
+    rec = launch_record(v1_min_programs=64, v2_min_programs=64, v2_min_partition=16, v2_max_partition=256)
+    # 64 pairs at 2000 tokens: 256-token partitions, 8 a sequence (512 programs: no halving).
+    assert rt.decode_plan(16, 4, 2000, cfg, rec) == (1000, 256, 8)
+    # 2 pairs at 2000 tokens: halved until 2 x parts >= 64 -> 64-token partitions, 32 a sequence.
+    assert rt.decode_plan(1, 2, 2000, cfg, rec) == (32, 64, 32)
+    # Too few pairs for V1 below the threshold: split past partition_size (32): 900 tokens ->
+    # 256, 128, 64, 32 (29 parts x 2 = 58 < 64), 16 (57 x 2 = 114).
+    assert rt.decode_plan(1, 2, 900, cfg, rec) == (32, 16, 57)
+    # Enough pairs and lengths at most the threshold: V1.
+    assert rt.decode_plan(16, 4, 900, cfg, rec) == (1000, 32, 1)
+    # 0: the model's partition_size is where V2 starts.
+    assert rt.decode_plan(16, 4, 2000, cfg, dataclasses.replace(rec, v2_max_partition=0)) == (1000, 32, 63)
+    # A plan of one partition is V1 whatever v1_v2_threshold says (the kernel writes the output).
+    short = small_config(v1_v2_threshold=20)
+    assert rt.decode_plan(16, 4, 200, short, rec) == (200, 256, 1)
 
 
 def test_the_pytorch_path_tiles_follow_grid_even_share(monkeypatch):

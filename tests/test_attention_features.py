@@ -166,7 +166,7 @@ def small_config(**over):
 
 def small_launch(D=64, dtype=torch.float32):
     lch = ATT.select(dtype, D, hw=TARGET).launch
-    return dataclasses.replace(lch, v1_min_programs=0, v2_min_programs=0)
+    return dataclasses.replace(lch, v1_min_programs=0, v2_min_programs=0, v2_max_partition=0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1046,13 +1046,19 @@ def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int,
         # Too few (sequence, KV head) programs to fill the part: split every sequence longer
         # than one partition.
         v1_limit = min(v1_limit, cfg.partition_size)
-    ps = cfg.partition_size
-    parts = 1 if bound <= v1_limit else _launch.cdiv(bound, ps)
-    # A V2 launch with fewer programs than one wave of resident ones leaves memory bandwidth
-    # unused: its partitions halve (down to v2_min_partition tokens) until it fills the wave.
-    while 1 < parts and S * Hkv * parts < lcfg.v2_min_programs and ps // 2 >= lcfg.v2_min_partition:
+    if bound <= v1_limit:
+        return v1_limit, cfg.partition_size, 1
+    # V2 partitions start at v2_max_partition tokens (0: the model's partition_size) and halve,
+    # down to v2_min_partition, while the launch has fewer than v2_min_programs programs: the
+    # longest partitions that keep the part's SMs busy.
+    ps = lcfg.v2_max_partition or cfg.partition_size
+    parts = _launch.cdiv(bound, ps)
+    while S * Hkv * parts < lcfg.v2_min_programs and ps // 2 >= lcfg.v2_min_partition:
         ps //= 2
         parts = _launch.cdiv(bound, ps)
+    if parts == 1:
+        # One partition holds every sequence: that is V1 (the kernel writes the output itself).
+        return max(v1_limit, bound), ps, 1
     return v1_limit, ps, parts
 
 
