@@ -54,6 +54,15 @@ def arg_key(v: Any) -> Any:
     raise TypeError(f"no call-cache key for {type(v).__name__}")
 
 
+def args_key(*vals: Any) -> tuple:
+    """``arg_key`` of each value, scalars inline (an entry's options: mostly None or defaults)."""
+    scalars = _SCALAR_SET
+    return tuple([(type(v), v) if type(v) in scalars else arg_key(v) for v in vals])
+
+
+_SCALAR_SET = frozenset(_SCALARS)
+
+
 def lookup(cache: "CallCache", anchor: Any, parts: Any) -> tuple[Any, Optional["Plan"]]:
     """(key, plan) for a call on ``anchor`` whose key is ``parts()``: (None, None) where the
     cache is off or the arguments have no key (the full path runs, its checks raise), (key,

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from .. import launch as _launch
-from ..call_cache import NO_PLAN, CallCache, arg_key, lookup, tensor_key
+from ..call_cache import NO_PLAN, CallCache, args_key, lookup, tensor_key
 from ..fp8_kv import FP8_DTYPE, kv_scales, unserved_error
 from ..sizing import grid_even_share
 
@@ -788,10 +788,9 @@ class Attention:
             q,
             lambda: (
                 id(self), hw, tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(cu_seqlens_q),
-                tensor_key(cu_seqlens_k), cu_seqlens_q is cu_seqlens_k, arg_key(max_seqlen_q),
-                arg_key(max_seqlen_k), arg_key(causal), arg_key(scale), arg_key(window_size), arg_key(softcap),
-                arg_key(alibi_slopes), arg_key(sinks), arg_key(out), arg_key(block_table), arg_key(k_scale),
-                arg_key(v_scale), k_scale is v_scale,
+                tensor_key(cu_seqlens_k), cu_seqlens_q is cu_seqlens_k, k_scale is v_scale,
+                args_key(max_seqlen_q, max_seqlen_k, causal, scale, window_size, softcap, alibi_slopes, sinks, out,
+                         block_table, k_scale, v_scale),
             ),
         )  # fmt: skip
         if plan is not None and plan is not NO_PLAN:
@@ -931,9 +930,8 @@ class Attention:
             query,
             lambda: (
                 id(self), self._native_epoch, hw, tensor_key(query), tensor_key(key_cache),
-                tensor_key(value_cache), tensor_key(block_tables), tensor_key(seq_lens), arg_key(out),
-                arg_key(scale), arg_key(window_size), arg_key(softcap), arg_key(alibi_slopes), arg_key(sinks),
-                arg_key(max_seq_len), arg_key(k_scale), arg_key(v_scale), k_scale is v_scale,
+                tensor_key(value_cache), tensor_key(block_tables), tensor_key(seq_lens), k_scale is v_scale,
+                args_key(out, scale, window_size, softcap, alibi_slopes, sinks, max_seq_len, k_scale, v_scale),
             ),
         )  # fmt: skip
         if plan is not None and plan is not NO_PLAN:

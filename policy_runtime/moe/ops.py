@@ -26,7 +26,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import launch as _launch
-from ..call_cache import NO_PLAN, CallCache, arg_key, lookup, tensor_key
+from ..call_cache import NO_PLAN, CallCache, args_key, lookup, tensor_key
 from ..lookup import PolicyTables
 
 # Activations of the up GEMM's gate half, as vLLM's fused_moe names them (act_and_mul's ACT).
@@ -857,7 +857,7 @@ def moe_align_block_size(
     key, plan = lookup(
         _ALIGN_CALLS,
         topk_ids,
-        lambda: (tensor_key(topk_ids), arg_key(block_size_m), arg_key(num_experts), arg_key(expert_map)),
+        lambda: (tensor_key(topk_ids), args_key(block_size_m, num_experts, expert_map)),
     )
     if plan is not None and plan is not NO_PLAN:
         ids = topk_ids.reshape(-1).contiguous()
@@ -951,8 +951,7 @@ def _route(
         _ROUTE_CALLS,
         gating_logits,
         lambda: (
-            op, tensor_key(gating_logits), arg_key(k), arg_key(renormalize), arg_key(scoring), arg_key(bias),
-            arg_key(groups), arg_key(topk_group), arg_key(scale),
+            op, tensor_key(gating_logits), args_key(k, renormalize, scoring, bias, groups, topk_group, scale),
         ),
     )  # fmt: skip
     if plan is not None and plan is not NO_PLAN:
