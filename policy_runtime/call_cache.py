@@ -43,12 +43,24 @@ _SCALARS = (type(None), bool, int, float, str)
 
 def arg_key(v: Any) -> Any:
     """The key of one argument: ``tensor_key`` of a tensor, a scalar (None, bool, int, float,
-    str) with its type; TypeError for anything else (that call runs its full path uncached)."""
+    str) with its type, a tuple or list of those; TypeError for anything else (that call runs its
+    full path uncached)."""
     if isinstance(v, torch.Tensor):
         return tensor_key(v)
     if type(v) in _SCALARS:
         return (type(v), v)
+    if type(v) in (tuple, list):
+        return (type(v), tuple([arg_key(x) for x in v]))
     raise TypeError(f"no call-cache key for {type(v).__name__}")
+
+
+def args_key(*vals: Any) -> tuple:
+    """``arg_key`` of each value, scalars inline (an entry's options: mostly None or defaults)."""
+    scalars = _SCALAR_SET
+    return tuple([(type(v), v) if type(v) in scalars else arg_key(v) for v in vals])
+
+
+_SCALAR_SET = frozenset(_SCALARS)
 
 
 def lookup(cache: "CallCache", anchor: Any, parts: Any) -> tuple[Any, Optional["Plan"]]:
@@ -91,6 +103,16 @@ def named(name: str) -> "CallCache":
 
 def sizes() -> dict[str, int]:
     return {cache.name: len(cache.plans) for cache in _ALL}
+
+
+def _shared(tensors: tuple) -> set:
+    # The ids of the tensors found at more than one place of ``tensors`` (None is no tensor).
+    seen: set = set()
+    twice: set = set()
+    for t in tensors:
+        if t is not None:
+            (twice if id(t) in seen else seen).add(id(t))
+    return twice
 
 
 class _Step:
@@ -157,9 +179,13 @@ class CallCache:
         any other tensor is kept in the plan as it is (only for persistent workspaces, whose
         stream is in the key).  None (no plan) where a launch went to Triton or took another
         tensor; ``key`` is then remembered as ``NO_PLAN`` (its full path runs, unrecorded), as
-        it is where the call launched nothing."""
+        it is where the call launched nothing.  A launch argument found at two places of
+        ``tensors`` (the caller passed one tensor as two arguments: the key does not say so, and
+        a later call's two tensors would be one) makes no plan and leaves ``key`` unplanned: the
+        next call records again."""
         steps = []
         where = {id(t): i for i, t in enumerate(tensors)}
+        shared = len(where) < len(tensors) and _shared(tensors)
         for launch in rec.launches:
             if launch is None or launch[0] is None:
                 return self._none(key)
@@ -172,6 +198,8 @@ class CallCache:
                     i = where.get(id(v))
                     if i is None or tensors[i] is not v:
                         return self._none(key)
+                    if shared and id(v) in shared:
+                        return None
                     picks.append(i)
                 else:
                     picks.append(len(tensors) + len(consts))

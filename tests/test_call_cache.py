@@ -191,6 +191,20 @@ def test_rms_norm_residual_hits_and_misses(recorded):
     assert recorded[-1] == "rms_norm" and len(recorded) == 3 and isinstance(got, torch.Tensor)
 
 
+def test_a_tensor_passed_twice_makes_no_plan(recorded):
+    # rms_norm(x, w, residual=x): the recorded launch could not tell x from the residual, and a
+    # later call of the same key with two tensors would read one for both.
+    x, w = view((3, 64)), view((64,), seed=1)
+    for _ in range(2):
+        TR.rms_norm(x, w, 1e-6, residual=x, hw="h200")
+    assert recorded == ["rms_norm", "rms_norm"] and call_cache.sizes()["rms_norm"] == 0
+    fn = lambda x, w, r: TR.rms_norm(x, w, 1e-6, residual=r, hw="h200")  # noqa: E731
+    ref = lambda x, w, r: rms_ref(x, w, 1e-6, r)  # noqa: E731
+    check(fn, (view((3, 64), seed=2), w, view((3, 64), seed=3)), ref, recorded, "rms_norm", miss=True, tol=1e-4)
+    # A hit whose caller passes one tensor twice: right (each launch argument has its own place).
+    check(fn, (x, w, x), ref, recorded, "rms_norm", miss=False, tol=1e-4)
+
+
 def silu_ref(x):
     d = x.shape[-1] // 2
     g, u = x.double()[..., :d], x.double()[..., d:]

@@ -205,6 +205,72 @@ def fused_moe_fp8(off):
     return lambda: MOE.fused_moe_fp8(x, w1, w2, wts, ids, w1_scale=s1, w2_scale=s2)
 
 
+@case
+def decode_attention_v2(off):
+    # 1,500 tokens past one 512-token partition: V2, the decode and merge launches replayed.
+    nb, bs, KH, H, hs = 200, 16, 2, 4, 64
+    kc, vc = rnd(nb, bs, KH, hs), rnd(nb, bs, KH, hs)
+    q = rnd(2, H, hs, offset=off)
+    table = torch.randperm(nb, device=DEV, dtype=torch.int32)[:196].view(2, 98)
+    lens = torch.tensor([1500, 37], device=DEV, dtype=torch.int32)
+    return lambda: AT.decode_attention(q, kc, vc, table, lens)
+
+
+@case
+def decode_attention_window_v2(off):
+    nb, bs, KH, H, hs = 200, 16, 2, 4, 64
+    kc, vc = rnd(nb, bs, KH, hs), rnd(nb, bs, KH, hs)
+    q = rnd(2, H, hs, offset=off)
+    table = torch.randperm(nb, device=DEV, dtype=torch.int32)[:196].view(2, 98)
+    lens = torch.tensor([1500, 900], device=DEV, dtype=torch.int32)
+    return lambda: AT.decode_attention(q, kc, vc, table, lens, window_size=(1023, 0), softcap=30.0)
+
+
+@case
+def decode_attention_fp8(off):
+    nb, bs, KH, H, hs = 16, 16, 2, 4, 64
+    kc, vc = rnd(nb, bs, KH, hs).to(torch.float8_e4m3fn), rnd(nb, bs, KH, hs).to(torch.float8_e4m3fn)
+    q = rnd(3, H, hs, offset=off)
+    table = torch.randperm(nb, device=DEV, dtype=torch.int32)[:15].view(3, 5)
+    lens = torch.tensor([70, 1, 33], device=DEV, dtype=torch.int32)
+    return lambda: AT.decode_attention(q, kc, vc, table, lens, k_scale=0.5, v_scale=0.5)
+
+
+@case
+def decode_attention_alibi_sinks(off):
+    nb, bs, KH, H, hs = 16, 16, 2, 4, 64
+    kc, vc = rnd(nb, bs, KH, hs), rnd(nb, bs, KH, hs)
+    q = rnd(3, H, hs, offset=off)
+    table = torch.randperm(nb, device=DEV, dtype=torch.int32)[:15].view(3, 5)
+    lens = torch.tensor([70, 1, 33], device=DEV, dtype=torch.int32)
+    slopes, sinks = torch.rand(H, device=DEV), torch.randn(H, device=DEV)
+    return lambda: AT.decode_attention(q, kc, vc, table, lens, alibi_slopes=slopes, sinks=sinks)
+
+
+@case
+def prefill_attention_features(off):
+    n, H, KH, hs = 37, 4, 2, 64
+    q, k, v = rnd(n, H, hs, offset=off), rnd(n, KH, hs), rnd(n, KH, hs)
+    cq = torch.tensor([0, 20, n], device=DEV, dtype=torch.int32)
+    ck = cq.clone()  # not the same tensor: another class
+    return lambda: AT.prefill_attention(q, k, v, cq, ck, 20, 20, window_size=(8, 0), softcap=20.0)
+
+
+@case
+def grouped_topk(off):
+    logits = rnd(13, 64, dtype=torch.float32, offset=off)
+    bias = torch.randn(64, device=DEV) / 10
+    return lambda: MOE.grouped_topk(logits, 6, True, scoring_func="sigmoid", e_score_correction_bias=bias,
+                                    num_expert_group=8, topk_group=3, routed_scaling_factor=2.5)  # fmt: skip
+
+
+@case
+def moe_align_block_size_expert_map(off):
+    ids = torch.randint(0, 60, (37, 6), device=DEV, dtype=torch.int32)
+    emap = torch.where(torch.arange(60, device=DEV) % 3 == 0, -1, torch.arange(60, device=DEV) // 2).int()
+    return lambda: MOE.moe_align_block_size(ids, 16, 60, expert_map=emap)
+
+
 # MoE sums over experts may use atomics (order-dependent in the last bits): compared closely.
 NOT_BITWISE = {"fused_moe", "fused_moe_fp8"}
 
@@ -244,6 +310,17 @@ CACHED = {
     "silu_and_mul": "silu_and_mul",
     "rotary_embedding": "rotary_embedding",
     "reshape_and_cache": "reshape_and_cache",
+    "prefill_attention": "prefill_attention",
+    "prefill_attention_features": "prefill_attention",
+    "decode_attention": "decode_attention",
+    "decode_attention_v2": "decode_attention",
+    "decode_attention_window_v2": "decode_attention",
+    "decode_attention_fp8": "decode_attention",
+    "decode_attention_alibi_sinks": "decode_attention",
+    "topk_softmax": "topk_softmax",
+    "grouped_topk": "topk_softmax",
+    "moe_align_block_size": "moe_align_block_size",
+    "moe_align_block_size_expert_map": "moe_align_block_size",
 }
 
 

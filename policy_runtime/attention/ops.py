@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .. import launch as _launch
+from ..call_cache import NO_PLAN, CallCache, args_key, lookup, tensor_key
 from ..fp8_kv import FP8_DTYPE, kv_scales, unserved_error
 from ..sizing import grid_even_share
 
@@ -45,6 +46,9 @@ _MERGE_BLOCK_P = 64
 _MERGE_BLOCK_D = 64
 # CUDA's limit on a grid's second and third dimensions.
 _MAX_GRID_YZ = 65535
+# Plans of the entry points' calls by argument class (keyed with the Attention object).
+_PREFILL_CALLS = CallCache("prefill_attention")
+_DECODE_CALLS = CallCache("decode_attention")
 
 # ---------------------------------------------------------------------------------------
 # Kernel bodies: generated/attention.py's specialized kernels call prefill_body and decode_body with
@@ -688,6 +692,9 @@ class Attention:
         # (tile, target, features) -> the model whose records serve such calls.
         self._feature_models: dict[tuple[int, str, frozenset[str]], str] = {}
         self.native: dict[int, Optional[NativeDecode]] = {1: None, 2: None}
+        # Counts register_native's calls: in decode's call-cache key (a plan of Triton launches
+        # stands for a call whose vendor kernel is registered later no more).
+        self._native_epoch = 0
         self.decode_fp8_tables = decode_fp8 or {}
         self.fp8_unserved = dict(fp8_unserved or {})
 
@@ -758,6 +765,7 @@ class Attention:
             raise ValueError(f"register_native_decode: fn must be callable or None, got {type(fn).__name__}")
         old = self.native[version]
         self.native[version] = fn
+        self._native_epoch += 1
         return old
 
     # -- prefill --------------------------------------------------------------------------
@@ -767,7 +775,39 @@ class Attention:
                 block_table=None, k_scale=None, v_scale=None,
                 kernel: Optional[PrefillKernel] = None) -> torch.Tensor:
         """Varlen flash attention (generated/attention.py's prefill_attention).  ``kernel``
-        (tests, benchmarks) runs that prefill kernel instead of the target's."""
+        (tests, benchmarks) runs that prefill kernel instead of the target's.  A call of a class
+        seen before replays its launch (policy_runtime/call_cache.py): the launch depends on
+        max_seqlen_q / max_seqlen_k (in the key), never on cu_seqlens' contents, which a CPU
+        call's hit checks again as the full path does."""
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        opts = (causal, scale, window_size, softcap, alibi_slopes, sinks, out, hw, block_table, k_scale, v_scale)
+        if kernel is not None:
+            return self._prefill(*args, *opts, kernel)[0]
+        ck, plan = lookup(
+            _PREFILL_CALLS,
+            q,
+            lambda: (
+                id(self), hw, tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(cu_seqlens_q),
+                tensor_key(cu_seqlens_k), cu_seqlens_q is cu_seqlens_k, k_scale is v_scale,
+                args_key(max_seqlen_q, max_seqlen_k, causal, scale, window_size, softcap, alibi_slopes, sinks, out,
+                         block_table, k_scale, v_scale),
+            ),
+        )  # fmt: skip
+        if plan is not None and plan is not NO_PLAN:
+            return _prefill_hit(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                                sinks, out, block_table, k_scale, v_scale)
+        if ck is None or plan is NO_PLAN:
+            return self._prefill(*args, *opts, None)[0]
+        with _PREFILL_CALLS.record() as rec:
+            out, cls = self._prefill(*args, *opts, None)
+        _PREFILL_CALLS.commit(rec, ck, cls[0] if cls else (), data=cls[1] if cls else None)
+        return out
+
+    def _prefill(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                 window_size, softcap, alibi_slopes, sinks, out, hw, block_table, k_scale, v_scale,
+                 kernel) -> tuple[torch.Tensor, Optional[tuple]]:
+        # The full path: (out, (the named tensors of its launch, _PrefillClass)), or (out, None)
+        # where it launched nothing.
         op = "prefill_attention"
         paged = block_table is not None
         _tensor(op, "q", q, 3, "[total_q, num_heads, head_dim]")
@@ -822,16 +862,7 @@ class Attention:
         if batch > _MAX_GRID_YZ:
             raise ValueError(f"{op}: {batch} sequences; at most {_MAX_GRID_YZ} per call")
         if cu_seqlens_q.device.type == "cpu":
-            if paged:
-                # A sequence's keys are its block-table row's first len_k slots.
-                total_k = block_table.shape[1] * bs * batch
-                _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
-                ck = cu_seqlens_k.tolist()
-                lens = [b - a for a, b in zip(ck, ck[1:])]
-                _check_lengths(op, lens, block_table.shape[1] * bs, None, bs, block_table, k.shape[0],
-                               lens_name="cu_seqlens_k", table_name="block_table", cache_name="k")
-            else:
-                _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_seqlen_k)
+            _prefill_host_checks(q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_q, max_seqlen_k)
         if kernel is None:
             kernel = self.select(q.dtype, D, hw, q.device, feat.uses, kv_fp8=kv_fp8).prefill
         elif kv_fp8:
@@ -839,7 +870,7 @@ class Attention:
         elif kernel.dtype_class != _CLASS_OF[dkey]:
             raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {q.dtype}")
         if batch == 0 or max_q == 0 or H == 0 or total_q == 0:
-            return out
+            return out, None
         cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
         cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
         grid = (_launch.cdiv(max_q, kernel.block_m), H, batch)
@@ -871,7 +902,11 @@ class Attention:
                 feat.sinks is not None, paged, bs, kv_fp8,
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
-        return out
+        # As _prefill_hit names them: an object at most once (call_cache's commit).
+        named = (q, k, v, out, cu_q, None if cu_k is cu_q else cu_k, feat.alibi, feat.sinks,
+                 block_table, ks if scales else None, vs if scales and vs is not ks else None, dummy,
+                 _unused_i32(q.device))  # fmt: skip
+        return out, (named, _PrefillClass(kv_fp8, cu_seqlens_q.device.type == "cpu", dummy, _unused_i32(q.device)))
 
     # -- decode ---------------------------------------------------------------------------
 
@@ -881,7 +916,45 @@ class Attention:
                config: Any = None, kernel: Optional[DecodeKernel] = None, launch: Any = None) -> torch.Tensor:
         """Paged decode (generated/attention.py's decode_attention).  ``config`` (an
         AttentionConfig, e.g. with smaller thresholds), ``launch`` (an AttentionLaunch) and
-        ``kernel`` replace the target's, for tests and benchmarks."""
+        ``kernel`` replace the target's, for tests and benchmarks.  A call of a class seen before
+        replays its launches (policy_runtime/call_cache.py; V2: the decode and merge launches one
+        after the other).  Where the full path reads the lengths on the host (CPU tensors, or a
+        bound past the PyTorch path's threshold), a hit reads and checks them too, and replays
+        only where they give the recorded launch plan and no sequence for the PyTorch path."""
+        args = (query, key_cache, value_cache, block_tables, seq_lens)
+        if config is not None or kernel is not None or launch is not None:
+            return self._decode(*args, scale, window_size, softcap, alibi_slopes, sinks, out, hw, max_seq_len,
+                                k_scale, v_scale, config, kernel, launch)[0]
+        ck, plan = lookup(
+            _DECODE_CALLS,
+            query,
+            lambda: (
+                id(self), self._native_epoch, hw, tensor_key(query), tensor_key(key_cache),
+                tensor_key(value_cache), tensor_key(block_tables), tensor_key(seq_lens), k_scale is v_scale,
+                args_key(out, scale, window_size, softcap, alibi_slopes, sinks, max_seq_len, k_scale, v_scale),
+            ),
+        )  # fmt: skip
+        if plan is not None and plan is not NO_PLAN:
+            got = _decode_hit(plan, query, key_cache, value_cache, block_tables, seq_lens, alibi_slopes, sinks, out,
+                              max_seq_len, k_scale, v_scale)
+            if got is not None:
+                return got
+            # These lengths give another launch plan (or the PyTorch path): recorded afresh.
+        opts = (scale, window_size, softcap, alibi_slopes, sinks, out, hw, max_seq_len, k_scale, v_scale)
+        if ck is None or plan is NO_PLAN:
+            return self._decode(*args, *opts, None, None, None)[0]
+        with _DECODE_CALLS.record() as rec:
+            out, cls = self._decode(*args, *opts, None, None, None)
+        if cls is not None:  # None: its lengths sent a sequence to the PyTorch path (no plan)
+            _DECODE_CALLS.commit(rec, ck, cls[0] if cls else (), data=cls[1] if cls else None)
+        return out
+
+    def _decode(self, query, key_cache, value_cache, block_tables, seq_lens, scale, window_size, softcap,
+                alibi_slopes, sinks, out, hw, max_seq_len, k_scale, v_scale, config, kernel,
+                launch) -> tuple[torch.Tensor, Optional[tuple]]:
+        # The full path: (out, (the named tensors of its launches, _DecodeClass)); (out, ()) where
+        # it launched no Triton kernel for a reason its key decides; (out, None) where its
+        # lengths sent a sequence to the PyTorch path.
         op = "decode_attention"
         _tensor(op, "query", query, 3, "[num_seqs, num_heads, head_dim]")
         _tensor(op, "key_cache", key_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
@@ -928,7 +1001,7 @@ class Attention:
         elif kernel.dtype_class != _CLASS_OF[dkey]:
             raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {query.dtype}")
         if S == 0 or H == 0:
-            return out
+            return out, ()
         if seq_lens.stride(0) != 1:
             seq_lens = seq_lens.contiguous()
         # No sequence is longer than the block table holds (or the caller's max_seq_len): the
@@ -950,25 +1023,31 @@ class Attention:
             _check_lengths(op, lens, capacity, max_seq_len, bs, block_tables, nb)
         spans = lens if lens is None or win_len is None else [min(n, win_len) for n in lens]
         long_rows = [i for i, n in enumerate(spans) if n > torch_limit] if spans is not None else []
+        named: Optional[tuple] = None
         if len(long_rows) < S:
             bound = span
             if spans is not None:
                 bound = max((n for n in spans if n <= torch_limit), default=0)
-            self._decode_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
-                                 kernel, bound, long_rows, feat, win_len, scales)
+            named = self._decode_kernels(out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg,
+                                         lcfg, kernel, bound, long_rows, feat, win_len, scales)
+            if named:
+                cls = _DecodeClass(lens is not None, _decode_choice(S, Hkv, bound, cfg, lcfg), (S, H, D), win_len,
+                                   scales is not None, capacity, bs, nb, torch_limit, cfg, lcfg,
+                                   _unused_fp32(query.device))
         if long_rows and not _launch.compiling():  # warm-up's compile-only scope: no Triton kernel here
             assert lens is not None
             sm_count = self.hardware[sel.target].sm_count
             _torch_decode(out, query, key_cache, value_cache, block_tables, lens, long_rows, sm_scale,
                           cfg.pytorch_max_tile_blocks, sm_count, feat, scales)
-        return out
+            return out, None
+        return out, (named, cls) if named else ()
 
     def _decode_kernels(self, out, query, key_cache, value_cache, block_tables, seq_lens, sm_scale, cfg, lcfg,
-                        kernel, bound, long_rows, feat, win_len, scales=None) -> None:
+                        kernel, bound, long_rows, feat, win_len, scales=None) -> Optional[tuple]:
         # The sequences whose context is at most pytorch_decode_threshold tokens (bound: the
         # longest of them, or the block table's capacity): a registered vendor kernel where the
         # policy says so (and the call uses no feature and no fp8 cache: the hook's signature has
-        # neither), else the Triton kernels.
+        # neither), else the Triton kernels, whose named tensors it returns (_decode_hit's).
         S, H, D = query.shape
         Hkv = key_cache.shape[2]
         version = 1 if bound <= cfg.v1_v2_threshold else 2
@@ -976,7 +1055,7 @@ class Attention:
         native = self.native[version] if getattr(cfg, f"use_native_v{version}") and plain else None
         if native is not None:
             if _launch.compiling():
-                return  # warm-up's compile-only scope: a vendor kernel has nothing for it to compile
+                return None  # warm-up's compile-only scope: a vendor kernel has nothing for it to compile
             if long_rows:
                 skip = set(long_rows)
                 rows = torch.tensor([i for i in range(S) if i not in skip], device=query.device)
@@ -988,7 +1067,7 @@ class Attention:
             else:
                 native(out=out, query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
                        seq_lens=seq_lens, scale=sm_scale, max_seq_len=bound)
-            return
+            return None
         v1_limit, ps, parts = decode_plan(S, Hkv, bound, cfg, lcfg)
         if parts > _MAX_GRID_YZ or Hkv > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
             raise ValueError(f"decode_attention: {parts} partitions of {H} heads exceed the launch grid")
@@ -1034,6 +1113,11 @@ class Attention:
                     out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
                     out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
                 )  # fmt: skip
+        # As _decode_hit names them: an object at most once (call_cache's commit).
+        v2 = parts > 1
+        return (query, key_cache, value_cache, block_tables, seq_lens, out, part_o if v2 else None,
+                part_m if v2 else None, part_l if v2 else None, spans if spans is not seq_lens else None, feat.alibi,
+                feat.sinks, ks if scales else None, vs if scales and vs is not ks else None, dummy)  # fmt: skip
 
 
 def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int, int, int]:
@@ -1060,6 +1144,123 @@ def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int,
         # One partition holds every sequence: that is V1 (the kernel writes the output itself).
         return max(v1_limit, bound), ps, 1
     return v1_limit, ps, parts
+
+
+def _decode_choice(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple:
+    # What a decode launch's bound decides: the version (a vendor kernel's) and decode_plan.
+    return (bound <= cfg.v1_v2_threshold, *decode_plan(S, Hkv, bound, cfg, lcfg))
+
+
+class _DecodeClass:
+    """What a decode plan keeps beside its launches: whether its class reads the lengths on the
+    host (``reads``) and the choice they gave (``_decode_choice``), out's shape, the window, the
+    fp8 flag, and what the host checks of the lengths and the V2 workspaces need."""
+
+    __slots__ = ("reads", "choice", "shape", "win_len", "fp8", "capacity", "bs", "nb", "torch_limit", "cfg",
+                 "lcfg", "dummy", "parts")  # fmt: skip
+
+    def __init__(self, reads, choice, shape, win_len, fp8, capacity, bs, nb, torch_limit, cfg, lcfg, dummy):
+        self.reads, self.choice, self.shape, self.win_len, self.fp8 = reads, choice, shape, win_len, fp8
+        self.capacity, self.bs, self.nb, self.torch_limit, self.cfg, self.lcfg = capacity, bs, nb, torch_limit, cfg, lcfg
+        self.dummy, self.parts = dummy, choice[-1]
+
+
+def _decode_hit(plan, query, key_cache, value_cache, block_tables, seq_lens, alibi, sinks, out, max_seq_len,
+                k_scale, v_scale) -> Optional[torch.Tensor]:
+    # A decode call of a planned class: the full path's steps that depend on more than the key
+    # (scales, host lengths, workspaces), then the recorded launches.  None: these lengths give
+    # another plan, or the PyTorch path (the caller records the call afresh).
+    c = plan.data
+    if seq_lens.stride(0) != 1:
+        seq_lens = seq_lens.contiguous()
+    ks = vs = None
+    if c.fp8:
+        ks, vs = kv_scales("decode_attention", True, k_scale, v_scale, query.device)
+        if vs is ks:
+            vs = None
+    if c.reads:
+        lens = seq_lens.tolist()
+        _check_lengths("decode_attention", lens, c.capacity, max_seq_len, c.bs, block_tables, c.nb)
+        win = c.win_len
+        bound = max(lens) if win is None else min(max(lens), win)
+        if bound > c.torch_limit or _decode_choice(c.shape[0], key_cache.shape[2], bound, c.cfg, c.lcfg) != c.choice:
+            return None
+    if out is None:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if alibi is not None and alibi.stride(0) != 1:
+        alibi = alibi.contiguous()
+    if sinks is not None and sinks.stride(0) != 1:
+        sinks = sinks.contiguous()
+    parts = c.parts
+    if parts > 1:
+        S, H, D = c.shape
+        part_o = torch.empty((S, H, parts, D), dtype=torch.float32, device=query.device)
+        n = S * H * parts
+        step = _launch.cdiv(n, 4) * 4
+        part_ml = torch.empty(step + n, dtype=torch.float32, device=query.device)
+        spans = seq_lens.clamp(max=c.win_len) if c.win_len is not None else None
+        tensors = (query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_ml[:n], part_ml[step:],
+                   spans, alibi, sinks, ks, vs, c.dummy)  # fmt: skip
+    else:
+        tensors = (query, key_cache, value_cache, block_tables, seq_lens, out, None, None, None, None, alibi, sinks,
+                   ks, vs, c.dummy)  # fmt: skip
+    with _launch.on_device(query):
+        plan.launch(tensors)
+    return out
+
+
+class _PrefillClass:
+    """What a prefill plan keeps beside its launch: the fp8 flag, whether cu_seqlens are on the
+    CPU (a hit checks their contents again), the fp32 stand-in of absent vectors."""
+
+    __slots__ = ("fp8", "reads", "dummy", "dummy_i32")
+
+    def __init__(self, fp8, reads, dummy, dummy_i32):
+        self.fp8, self.reads, self.dummy, self.dummy_i32 = fp8, reads, dummy, dummy_i32
+
+
+def _prefill_host_checks(q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_q, max_k) -> None:
+    # CPU cu_seqlens: offsets and lengths against the tensors, max_seqlen_* and (paged) the
+    # block table, as the full path and a hit both check them (no device sync).
+    op = "prefill_attention"
+    total_q = q.shape[0]
+    if block_table is not None:
+        # A sequence's keys are its block-table row's first len_k slots.
+        bs = k.shape[1]
+        total_k = block_table.shape[1] * bs * (cu_seqlens_q.shape[0] - 1)
+        _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_k)
+        ck = cu_seqlens_k.tolist()
+        lens = [b - a for a, b in zip(ck, ck[1:])]
+        _check_lengths(op, lens, block_table.shape[1] * bs, None, bs, block_table, k.shape[0],
+                       lens_name="cu_seqlens_k", table_name="block_table", cache_name="k")
+    else:
+        _check_cu_seqlens(op, cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0], max_q, max_k)
+
+
+def _prefill_hit(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, alibi, sinks, out, block_table, k_scale,
+                 v_scale) -> torch.Tensor:
+    # A prefill call of a planned class: the full path's steps that depend on more than the key
+    # (scales, CPU checks of cu_seqlens, contiguous copies), then the recorded launch.
+    c = plan.data
+    ks = vs = None
+    if c.fp8:
+        ks, vs = kv_scales("prefill_attention", True, k_scale, v_scale, q.device)
+        if vs is ks:
+            vs = None
+    if c.reads:
+        _prefill_host_checks(q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_q, max_k)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
+    cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
+    if alibi is not None and alibi.stride(0) != 1:
+        alibi = alibi.contiguous()
+    if sinks is not None and sinks.stride(0) != 1:
+        sinks = sinks.contiguous()
+    with _launch.on_device(q):
+        plan.launch((q, k, v, out, cu_q, None if cu_k is cu_q else cu_k, alibi, sinks, block_table, ks, vs, c.dummy,
+                     c.dummy_i32))
+    return out
 
 
 _UNUSED: dict[torch.device, torch.Tensor] = {}

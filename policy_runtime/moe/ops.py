@@ -26,6 +26,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import launch as _launch
+from ..call_cache import NO_PLAN, CallCache, args_key, lookup, tensor_key
 from ..lookup import PolicyTables
 
 # Activations of the up GEMM's gate half, as vLLM's fused_moe names them (act_and_mul's ACT).
@@ -38,6 +39,9 @@ _MAX_EXPERTS = 4096
 # Elements a program of the alignment kernels scans at a time, and of the reduce kernel sums
 # (up to 1024 columns of one token, or as many tokens as make 1024 elements).
 _ALIGN_BLOCK = 1024
+# Plans of the routers' and moe_align_block_size's calls by argument class (call_cache.py).
+_ROUTE_CALLS = CallCache("topk_softmax")
+_ALIGN_CALLS = CallCache("moe_align_block_size")
 SUM_BLOCK = 1024
 # topk_softmax gives each token of a call of at most this many its own program (see there).
 TOPK_ONE_ROW_MAX_T = 64
@@ -812,29 +816,74 @@ def check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_exp
 # Alignment and routing (no policy: one launch shape for every target).
 
 
-def align(ids: torch.Tensor, block_size: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # Checked, flat, contiguous ids.
+def align(ids: torch.Tensor, block_size: int, num_experts: int,
+          named: Optional[list] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Checked, flat, contiguous ids.  ``named`` (a list) gets the counts and expert ids.
     numel = ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
     max_blocks = _launch.cdiv(max_padded, block_size)
-    device = ids.device
-    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
-    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
-    post_pad = torch.empty(1, dtype=torch.int32, device=device)
-    counts = torch.empty(num_experts, dtype=torch.int32, device=device)
+    sorted_ids, expert_ids, post_pad, counts = _align_buffers(ids, align_sizes(max_padded, max_blocks, num_experts))
     _launch.launch_kernel(_align_count, (num_experts,), ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
     _launch.launch_kernel(
         _align_scatter, (num_experts,),
         ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
         E_BLOCK=_launch.pow2ceil(num_experts), BLOCK=_ALIGN_BLOCK, num_warps=4,
     )  # fmt: skip
+    if named is not None:
+        named += [counts, expert_ids]
     return sorted_ids, expert_ids, post_pad
+
+
+def align_sizes(max_padded: int, max_blocks: int, num_experts: int) -> list[int]:
+    """The int32 buffer of one alignment, split: sorted ids, expert ids, post_pad and the counts,
+    each starting 16 bytes in (Triton specializes on that), the gaps between them."""
+    def pad(n: int) -> int:
+        return _launch.cdiv(n, 4) * 4 - n
+
+    return [max_padded, pad(max_padded), max_blocks, pad(max_blocks), 1, 3, num_experts]
+
+
+def _align_buffers(ids: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+    # One allocation (each costs the host microseconds), split into the four tensors.
+    parts = torch.empty(sum(sizes), dtype=torch.int32, device=ids.device).split_with_sizes(sizes)
+    return parts[0], parts[2], parts[4], parts[6]
 
 
 def moe_align_block_size(
     topk_ids: Any, block_size_m: Any, num_experts: Any, *, expert_map: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """vLLM's moe_align_block_size; generated/moe.py's docstring says what it returns."""
+    """vLLM's moe_align_block_size; generated/moe.py's docstring says what it returns.  A call
+    of a class seen before replays its launches (call_cache.py)."""
+    key, plan = lookup(
+        _ALIGN_CALLS,
+        topk_ids,
+        lambda: (tensor_key(topk_ids), args_key(block_size_m, num_experts, expert_map)),
+    )
+    if plan is not None and plan is not NO_PLAN:
+        ids = topk_ids.reshape(-1).contiguous()
+        sorted_ids, expert_ids, post_pad, counts = _align_buffers(ids, plan.data)
+        with _launch.on_device(topk_ids):
+            plan.launch((ids, counts, sorted_ids, expert_ids, post_pad))
+            if expert_map is not None:
+                expert_ids = expert_map[expert_ids.long()].to(torch.int32)
+        return sorted_ids, expert_ids, post_pad
+    if key is None or plan is NO_PLAN:
+        return _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map)
+    with _ALIGN_CALLS.record() as rec:
+        result = _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map, named := [])
+    if named:
+        ids, (sorted_ids, _, post_pad) = named[0], result
+        counts, expert_ids = named[1], named[2]
+        max_padded = sorted_ids.shape[0]
+        sizes = align_sizes(max_padded, expert_ids.shape[0], num_experts)
+        _ALIGN_CALLS.commit(rec, key, (ids, counts, sorted_ids, expert_ids, post_pad), data=sizes)
+    else:
+        _ALIGN_CALLS.commit(rec, key, ())
+    return result
+
+
+def _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map, named=None):
+    # The full path; ``named`` (a list) gets the flat ids, the counts and the expert ids it launched with.
     op = "moe_align_block_size"
     if not isinstance(topk_ids, torch.Tensor):
         fail(op, f"topk_ids must be a tensor, got {type(topk_ids).__name__}")
@@ -850,7 +899,10 @@ def moe_align_block_size(
             fail(op, f"expert_map must have num_experts = {num_experts} entries, got {expert_map.shape[0]}")
     _launch.check_runnable(op, "topk_ids", topk_ids)
     with _launch.on_device(topk_ids):
-        sorted_ids, expert_ids, post_pad = align(topk_ids.reshape(-1).contiguous(), block_size_m, num_experts)
+        ids = topk_ids.reshape(-1).contiguous()
+        sorted_ids, expert_ids, post_pad = align(ids, block_size_m, num_experts, named)
+        if named is not None:
+            named.insert(0, ids)
         if expert_map is not None:
             # As vLLM: every block's global expert through the map, -1 for another rank's.
             expert_ids = expert_map[expert_ids.long()].to(torch.int32)
@@ -894,6 +946,38 @@ def _route(
     op: str, gating_logits: Any, k: Any, renormalize: Any, scoring: Any, bias: Any, groups: Any, topk_group: Any,
     scale: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # A call of a class seen before replays its launch (call_cache.py).
+    key, plan = lookup(
+        _ROUTE_CALLS,
+        gating_logits,
+        lambda: (
+            op, tensor_key(gating_logits), args_key(k, renormalize, scoring, bias, groups, topk_group, scale),
+        ),
+    )  # fmt: skip
+    if plan is not None and plan is not NO_PLAN:
+        x = gating_logits
+        if bias is not None and bias.stride(0) != 1 and bias.shape[0] > 1:
+            bias = bias.contiguous()
+        weights = torch.empty(plan.data, dtype=torch.float32, device=x.device)
+        ids = torch.empty(plan.data, dtype=torch.int32, device=x.device)
+        with _launch.on_device(x):
+            plan.launch((x, weights, ids, bias))
+        return weights, ids
+    if key is None or plan is NO_PLAN:
+        return _route_full(op, gating_logits, k, renormalize, scoring, bias, groups, topk_group, scale, None)
+    with _ROUTE_CALLS.record() as rec:
+        weights, ids = _route_full(op, gating_logits, k, renormalize, scoring, bias, groups, topk_group, scale,
+                                   named := [])  # fmt: skip
+    _ROUTE_CALLS.commit(rec, key, (gating_logits, weights, ids, named[0] if named else None),
+                        data=tuple(weights.shape))  # fmt: skip
+    return weights, ids
+
+
+def _route_full(
+    op: str, gating_logits: Any, k: Any, renormalize: Any, scoring: Any, bias: Any, groups: Any, topk_group: Any,
+    scale: Any, named: Optional[list],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # The full path of a router call; ``named`` (a list) gets the bias it launched with.
     x = tensor_arg(op, "gating_logits", gating_logits, 2)
     if not x.is_floating_point():
         fail(op, f"gating_logits must be a float tensor, got {x.dtype}")
@@ -942,22 +1026,31 @@ def _route(
     block_t = 1 if small else max(1, min(64, 4096 // e_block))
     warps = min(4, max(1, e_block // 128)) if small else 4
     # The DeepSeek-V3 parts only where asked: the plain softmax router launches as it always did.
-    extra: dict[str, Any] = {}
-    if scoring == "sigmoid":
-        extra["SIGMOID"] = True
-    if bias is not None:
-        extra.update(bias_ptr=bias, HAS_BIAS=True)
-    if groups > 1:
-        extra.update(topk_group=topk_group, group_size=E // groups, GROUPS=groups)
-    if scale != 1.0:
-        extra.update(scale=float(scale), SCALED=True)
-    with _launch.on_device(x):
-        _launch.launch_kernel(
-            _topk_softmax_kernel, (_launch.cdiv(T, block_t),),
-            x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
-            BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch.pow2ceil(k),
-            TRIGGER=_launch.programmatic(x), num_warps=warps, **extra,
+    # With any of them, every argument is positional (the bias too): call_cache.py replays only
+    # positional tensors, and direct.py only named arguments that follow the positional ones.
+    extra: tuple = ()
+    if scoring == "sigmoid" or bias is not None or groups > 1 or scale != 1.0:
+        grouped = groups > 1
+        extra = (
+            bias, topk_group if grouped else 1, E // groups if grouped else 1, float(scale) if scale != 1.0 else 1.0,
+            scoring == "sigmoid", bias is not None, groups, scale != 1.0,
         )  # fmt: skip
+        if named is not None:
+            named.append(bias)
+    with _launch.on_device(x):
+        if extra:
+            _launch.launch_kernel(
+                _topk_softmax_kernel, (_launch.cdiv(T, block_t),),
+                x, weights, ids, T, E, k, x.stride(0), x.stride(1), renormalize, block_t, e_block,
+                _launch.pow2ceil(k), _launch.programmatic(x), *extra, num_warps=warps,
+            )  # fmt: skip
+        else:
+            _launch.launch_kernel(
+                _topk_softmax_kernel, (_launch.cdiv(T, block_t),),
+                x, weights, ids, T, E, k, x.stride(0), x.stride(1), RENORMALIZE=renormalize,
+                BLOCK_T=block_t, E_BLOCK=e_block, K_BLOCK=_launch.pow2ceil(k),
+                TRIGGER=_launch.programmatic(x), num_warps=warps,
+            )  # fmt: skip
     return weights, ids
 
 

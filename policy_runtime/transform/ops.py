@@ -92,8 +92,9 @@ class TransformKernels:
             _RMS_CALLS, x, lambda: (id(self), hw, arg_key(eps), tensor_key(x), tensor_key(weight), arg_key(residual))
         )
         if plan is not None and plan is not NO_PLAN:
-            out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            z = torch.empty(x.shape, dtype=x.dtype, device=x.device) if has_res else None
+            # empty_like: the full path's contiguous tensors, for a third of torch.empty's host time.
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+            z = torch.empty_like(x, memory_format=torch.contiguous_format) if has_res else None
             with on_device(x):
                 plan.launch((x, weight, out, residual, z))
             return (out, z) if has_res else out
