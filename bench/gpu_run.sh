@@ -18,7 +18,7 @@ for step in "$@"; do
             python3 -m pytest -q -p no:cacheprovider -n 14 --tb=short -rfE \
                 tests/test_matmul.py tests/test_transform*.py tests/test_cache.py tests/test_attention*.py tests/test_moe*.py \
                 tests/test_first_launch.py tests/test_detect.py tests/test_parity.py tests/test_fp8_kv*.py tests/test_fp8_cast.py \
-                tests/test_scaled_mm.py tests/test_feature_records.py tests/test_direct_launch*.py tests/test_call_cache.py \
+                tests/test_scaled_mm.py tests/test_feature_records.py tests/test_direct_launch*.py tests/test_call_cache*.py \
                 tests/test_warmup_gpu.py tests/test_host_cost.py \
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
         # The attention tile sweep (prefill and decode tiles, ~4 min), for the specs' h200 policies.
