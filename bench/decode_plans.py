@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Paged decode's split plan against its bandwidth (the h200 decode policy's v1_min_programs,
+v2_min_programs and v2_max_partition in specs/kernels/attention.toml were chosen from this).
+
+    python3 bench/decode_plans.py                 # on a GPU (~15 s)
+    python3 bench/decode_plans.py --cpu-smoke --hw h200
+
+For each case (16-bit and fp8 caches, windows), the policy's plan and forced ones (V1; V2 in
+partitions of 256 to 2048 tokens), each checked against float32 on the same cache, then timed
+eager and replayed from a CUDA graph (policy_runtime/timing.py's gpu_ms), as a fraction of a
+device copy of as many bytes measured in the same run.  Forcing replaces
+policy_runtime.attention.ops.decode_plan for the call (the kernels are the policy's; the call caches are cleared between plans).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from smoke import smoke_setup
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes, CPU interpreter (no timing)")
+ap.add_argument("--hw", default=None, help="hardware spec name (default: detect the GPU)")
+ARGS = ap.parse_args()
+SMOKE = smoke_setup(ARGS)
+
+import torch  # noqa: E402
+
+from generated import attention as at  # noqa: E402
+from generated.dispatch import target_name  # noqa: E402
+from policy_runtime import call_cache  # noqa: E402
+from policy_runtime.attention import ops  # noqa: E402
+from policy_runtime.timing import captured, gpu_ms  # noqa: E402
+
+DEV = "cpu" if SMOKE else "cuda"
+DT = torch.float16 if SMOKE else torch.bfloat16
+HW = target_name(ARGS.hw)
+BS = 16
+_POLICY_PLAN = ops.decode_plan
+FORCED: list = []  # [] the policy's plan, ["v1"], or [partition tokens]
+USED: list = []
+
+
+def plan(S, Hkv, bound, cfg, lcfg):
+    if not FORCED:
+        p = _POLICY_PLAN(S, Hkv, bound, cfg, lcfg)
+    elif FORCED[0] == "v1":
+        p = (1 << 30, cfg.partition_size, 1)
+    else:
+        parts = -(-bound // FORCED[0])
+        p = (0, FORCED[0], parts) if parts > 1 else (1 << 30, FORCED[0], 1)
+    USED[:] = [p]
+    return p
+
+
+ops.decode_plan = plan
+
+
+def copy_frac(nbytes, ms):
+    """Bytes read per second over a same-run device copy's (read + written bytes) per second."""
+    size = min(nbytes, 2 << 30)
+    src = torch.empty(size // 2, device=DEV, dtype=torch.int16).random_()
+    dst = torch.empty_like(src)
+    cms = gpu_ms(lambda: dst.copy_(src), reps=50)
+    return (nbytes / (ms * 1e-3)) / (2 * size / (cms * 1e-3))
+
+
+def case(D, H, Hkv, batch, ctx, window, fp8):
+    per = -(-ctx // BS)
+    table = torch.randperm(batch * per, device=DEV).to(torch.int32).view(batch, per)
+    kc = torch.randn(batch * per, BS, Hkv, D, device=DEV).to(DT)
+    vc = torch.randn_like(kc)
+    q = torch.randn(batch, H, D, device=DEV).to(DT)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+    kw, scale = {}, 1.0
+    if fp8:
+        sc = torch.maximum(kc.abs().amax(), vc.abs().amax()).float().reshape(1) / 448
+        kc, vc = (kc.float() / sc).to(torch.float8_e4m3fn), (vc.float() / sc).to(torch.float8_e4m3fn)
+        kw, scale = dict(k_scale=sc, v_scale=sc), sc
+    if window:
+        kw["window_size"] = (window - 1, 0)
+    span = min(ctx, window) if window else ctx
+    # float32 reference over each sequence's last `span` tokens.
+    toks = (table.long()[:, :, None] * BS + torch.arange(BS, device=DEV)).view(batch, -1)[:, ctx - span : ctx]
+    kf = kc.view(-1, Hkv, D)[toks].float() * scale
+    vf = vc.view(-1, Hkv, D)[toks].float() * scale
+    g = H // Hkv
+    s = torch.einsum("bhgd,bwhd->bhgw", q.float().view(batch, Hkv, g, D), kf) / math.sqrt(D)
+    ref = torch.einsum("bhgw,bwhd->bhgd", torch.softmax(s, -1), vf).reshape(batch, H, D)
+    del kf, vf, s
+    out = torch.empty_like(q)
+    nbytes = 2 * batch * span * Hkv * D * kc.element_size()
+    name = f"{'fp8' if fp8 else '16-bit'} d={D} h={H}/{Hkv} batch={batch} ctx={ctx}" + (f" window={window}" if window else "")
+    seen = set()
+    for forced in (None, "v1", 256, 512, 1024, 2048):
+        FORCED[:] = [] if forced is None else [forced]
+        call_cache.clear_all()  # a recorded plan would replay the previous split
+
+        def fn():
+            at.decode_attention(q, kc, vc, table, lens, out=out, hw=HW, **kw)
+
+        out.fill_(float("nan"))
+        fn()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        p = USED[0]
+        key = ("v1",) if p[2] == 1 else ("v2", p[1])
+        if forced is not None and key in seen:
+            continue
+        seen.add(key)
+        what = "policy" if forced is None else f"forced {forced}"
+        line = f"{name:52s} {what:12s} {'V1' if p[2] == 1 else f'V2 {p[2]} x {p[1]}':14s} err {err:.1e}"
+        if err > 1e-2:
+            line += "  WRONG"
+        elif not SMOKE:
+            ms = gpu_ms(fn, reps=60)
+            gms = gpu_ms(captured(fn)[0].replay, reps=60)
+            line += f"  eager {ms * 1e3:7.1f} us ({copy_frac(nbytes, ms):.2f} of copy)  graph {gms * 1e3:7.1f} us ({copy_frac(nbytes, gms):.2f})"
+        print(line, flush=True)
+    FORCED[:] = []
+
+
+# (head_dim, heads, KV heads, batch, context, window, fp8)
+CASES = [
+    (128, 4, 2, 2, 600, 64, False), (128, 4, 2, 2, 700, 0, True),
+] if SMOKE else [
+    (128, 32, 8, 8, 32768, 4096, False), (128, 32, 8, 32, 32768, 4096, False),
+    (128, 32, 8, 8, 8192, 0, True), (128, 32, 8, 32, 8192, 0, True), (128, 32, 8, 8, 32768, 0, True),
+    (256, 16, 4, 8, 8192, 0, True), (128, 32, 8, 8, 8192, 0, False),
+]  # fmt: skip
+t0 = time.time()
+print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}")
+for c in CASES:
+    case(*c)
+print(f"done in {time.time() - t0:.0f} s")
+sys.exit(0)
