@@ -12,6 +12,16 @@ import os
 
 import pytest
 
+# pytest-xdist's workers share the cores: each worker's torch (and the processes it starts) gets
+# its share of them for intra-op threads.  Left at torch's default, every worker runs a thread per
+# core, and N workers on N cores spend CPU time contending (the interpreter's kernel tests about
+# doubled their CPU time on 2 cores).  Set before torch is first imported; an explicit
+# OMP_NUM_THREADS is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _CORES // _WORKERS))
+
 # Kernel tests run on the CPU in Triton's interpreter when there is no GPU.  The
 # variable must be set before triton is first imported (by any test module).
 try:

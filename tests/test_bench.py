@@ -29,8 +29,8 @@ def run_bench(script: str, tmp_path, *args: str, code: int = 0) -> subprocess.Co
 
 
 def test_matmul_bench_smoke(tmp_path):
-    # --repeats 0: no first-call children here; test_matmul_bench_first_call_only_repeats runs them
-    # (the same first_call_latency, both methods in both Triton states, twice).
+    # --repeats 0: no first-call children here; test_matmul_bench_first_call_only runs them (the
+    # same first_call_latency, both methods in both Triton states) and test_first_call_repeats repeats.
     out = run_bench("matmul.py", tmp_path, "--repeats", "0").stdout
     # One table row per smoke shape, each with its bucket and an error against float64.
     for shape in ("(33, 70, 48)", "(1, 40, 64)", "(8, 96, 32)"):
@@ -46,16 +46,53 @@ def test_matmul_bench_smoke(tmp_path):
     assert set(result["decode_eager_loop_us"]) == {"torch.matmul", "matmul", "matmul_triton", "torch.matmul (again)"}
 
 
-def test_matmul_bench_first_call_only_repeats(tmp_path):
-    out = run_bench("matmul.py", tmp_path, "--first-call-only", "--repeats", "2").stdout
+def test_matmul_bench_first_call_only(tmp_path):
+    """--first-call-only: each method in each Triton state in its own fresh process (four children;
+    bench/warmup.py's smoke runs the cold ones again).  Repeats are test_first_call_repeats'."""
+    out = run_bench("matmul.py", tmp_path, "--first-call-only", "--repeats", "1").stdout
     assert "| shape (M, N, K) |" not in out  # no throughput table: only the first calls
     for state in ("cold", "Triton already initialised"):
-        for rep in (1, 2):
-            assert re.search(rf"first call 33x70x48 \({state}, repeat {rep}\): generated [\d.]+ s", out), out
+        assert re.search(rf"first call 33x70x48 \({state}\): generated [\d.]+ s, autotune [\d.]+ s", out), out
     result = json.loads((tmp_path / "matmul_first_call.json").read_text())
-    assert [r["repeat"] for r in result["first_call"]] == [0, 0, 1, 1]
+    assert [(r["repeat"], r["triton_initialised"]) for r in result["first_call"]] == [(0, False), (0, True)]
+    for row in result["first_call"]:
+        for method in ("generated", "autotune"):
+            assert row[method]["first_s"] > 0 and row[method]["again_new_m_s"] > 0, row
     for entry in result["first_call_summary"]:
-        assert len(entry["ratios"]) == 2 and entry["min"] <= entry["median"] <= entry["max"]
+        assert len(entry["ratios"]) == 1 and entry["min"] <= entry["median"] <= entry["max"]
+
+
+def test_first_call_repeats(monkeypatch, capsys):
+    """bench/matmul.py's repeats, in this process: each repeat measures both methods in both Triton
+    states, the methods' order alternating between repeats, and the summary spans the repeats.  The
+    fresh processes that measure (first_call_process) are test_matmul_bench_first_call_only's."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "argv", ["matmul.py", "--cpu-smoke", "--hw", "h200", "--repeats", "2"])
+    spec = importlib.util.spec_from_file_location("bench_matmul_under_test", REPO / "bench" / "matmul.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls = []
+
+    def measured(hw, method, shape, again_m, warm):
+        calls.append((method, warm))
+        # generated / autotune: 0.5 in the first repeat, 0.25 in the second
+        return {"first_s": 1.0 if method == "generated" else 2.0 + 2.0 * (len(calls) > 4), "again_new_m_s": 1e-3}
+
+    monkeypatch.setattr(bench, "first_call_process", measured)
+    rows = bench.first_call_latency("h200")
+    assert calls == [
+        ("generated", False), ("autotune", False), ("generated", True), ("autotune", True),
+        ("autotune", False), ("generated", False), ("autotune", True), ("generated", True),
+    ]  # fmt: skip
+    assert [(r["repeat"], r["triton_initialised"]) for r in rows] == [(0, False), (0, True), (1, False), (1, True)]
+    out = capsys.readouterr().out
+    for state in ("cold", "Triton already initialised"):
+        for rep in (1, 2):
+            assert re.search(rf"first call 33x70x48 \({state}, repeat {rep}\): generated 1.00 s", out), out
+    summary = bench.first_call_summary(rows)
+    assert [(e["triton_initialised"], e["ratios"]) for e in summary] == [(False, [0.5, 0.25]), (True, [0.5, 0.25])]
+    assert all((e["min"], e["median"], e["max"]) == (0.25, 0.375, 0.5) for e in summary)
 
 
 def test_membound_bench_smoke(tmp_path):
