@@ -156,6 +156,23 @@ def copy_blocks(off):
 
 
 @case
+def copy_blocks_same_caches(off):
+    # The caches of a server: the same tensors every call (their data pointers are in the key),
+    # reset before each copy; with ``off``, views one element in (offsets in elements).
+    made = [rnd(6, 16, 3, 64, offset=off) for _ in range(4)]
+    start = [c.clone() for c in made]
+    mapping = torch.tensor([[0, 4], [1, 5], [2, 3]], device=DEV, dtype=torch.int64)
+
+    def call():
+        for c, s in zip(made, start):
+            c.copy_(s)
+        C.copy_blocks(made[:2], made[2:], mapping)
+        return tuple(c.clone() for c in made)
+
+    return call
+
+
+@case
 def prefill_attention(off):
     n, H, KH, hs = 37, 4, 2, 64
     q, k, v = rnd(n, H, hs, offset=off), rnd(n, KH, hs), rnd(n, KH, hs)
@@ -355,6 +372,8 @@ CACHED = {
     "silu_and_mul": "silu_and_mul",
     "rotary_embedding": "rotary_embedding",
     "reshape_and_cache": "reshape_and_cache",
+    "copy_blocks": "copy_blocks",
+    "copy_blocks_same_caches": "copy_blocks",
     "prefill_attention": "prefill_attention",
     "prefill_attention_features": "prefill_attention",
     "decode_attention": "decode_attention",
