@@ -56,6 +56,15 @@ def arg_key(v: Any) -> Any:
     raise TypeError(f"no call-cache key for {type(v).__name__}")
 
 
+def scalar_key(v: Any) -> tuple:
+    """The key of an option the full path reads on the host (an eps, a head size): a scalar with
+    its type; TypeError for anything else, a tensor above all (its key would not hold its
+    value, which the plan's launch bakes in), so that call runs its full path uncached."""
+    if type(v) in _SCALAR_SET:
+        return (type(v), v)
+    raise TypeError(f"no call-cache key for an option of type {type(v).__name__}")
+
+
 def args_key(*vals: Any) -> tuple:
     """``arg_key`` of each value, scalars inline (an entry's options: mostly None or defaults)."""
     scalars = _SCALAR_SET

@@ -191,6 +191,25 @@ def test_rms_norm_residual_hits_and_misses(recorded):
     assert recorded[-1] == "rms_norm" and len(recorded) == 3 and isinstance(got, torch.Tensor)
 
 
+def test_options_read_on_the_host_as_tensors_are_never_planned(recorded):
+    # eps, head_size and is_neox are read on the host into the launch: as tensors (which the full
+    # path accepts) their value is no part of a key, so such calls run uncached every time.
+    x, w = view((3, 64)), view((64,), seed=1)
+    for eps in (1e-6, 100.0, 1e-6):
+        got = TR.rms_norm(x, w, torch.tensor(eps), hw="h200")
+        torch.testing.assert_close(got.double(), rms_ref(x, w, eps), rtol=1e-5, atol=1e-5)
+    assert recorded == [] and call_cache.sizes()["rms_norm"] == 0
+    hs = 16
+    pos, cs = torch.tensor([3, 0, 7]), view((8, hs), seed=9)
+    for neox in (True, False):
+        q, k = view((3, 4 * hs)), view((3, 2 * hs), seed=1)
+        want = rope_ref(pos, q.clone(), k.clone(), cs, hs, neox)
+        TR.rotary_embedding(pos, q, k, cs, torch.tensor(hs), torch.tensor(neox), hw="h200")
+        for g, r in zip((q.view(3, -1, hs), k.view(3, -1, hs)), want):
+            torch.testing.assert_close(g.double(), r, rtol=1e-5, atol=1e-5)
+    assert recorded == [] and call_cache.sizes()["rotary_embedding"] == 0
+
+
 def test_a_tensor_passed_twice_makes_no_plan(recorded):
     # rms_norm(x, w, residual=x): the recorded launch could not tell x from the residual, and a
     # later call of the same key with two tensors would read one for both.
