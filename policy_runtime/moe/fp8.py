@@ -910,7 +910,7 @@ class MoEFp8(PolicyTables):
             return self._fused_moe_fp8(*args)
         with _FP8_CALLS.record() as rec:
             result = self._fused_moe_fp8(*args, named := [])
-        _FP8_CALLS.commit(rec, key, tuple(named), data=tuple(result.shape))
+        _FP8_CALLS.commit(rec, key, tuple(named))
         return result
 
     def _fused_moe_fp8(
