@@ -7,9 +7,11 @@ options and ``hw``) and looks it up in its ``CallCache``.  On a miss it runs its
 ``CallCache.record``, which remembers the Triton launches of that call (direct.py's entries) and
 how each tensor argument maps onto the tensors the entry names (inputs, outputs, workspaces);
 every other launch argument is a function of the key.  On a hit (``Plan.launch``) the entry
-allocates its outputs as its full path does and calls the compiled kernels directly.  A call
-whose launch Triton could not replay directly, or whose launches used a tensor the entry did not
-name, records no plan.  Off with direct.py's cache (``POLICY_RUNTIME_DIRECT_LAUNCH=0``,
+allocates its outputs as its full path does and calls the compiled kernels directly.  Torch ops
+of a full path that depend only on the key (allocations, ``zero_``, ``copy_``) are made through
+``step``, and replayed in their place among the launches (``Plan.run``).  A call whose launch
+Triton could not replay directly, or whose launches used a tensor the entry did not name nor a
+step made, records no plan.  Off with direct.py's cache (``POLICY_RUNTIME_DIRECT_LAUNCH=0``,
 ``direct.enabled``), inside warm-up's compile-only scopes and while a CUDA graph is captured
 (``active``).  Each cache holds at most ``LIMIT`` plans, then it is cleared.
 """
@@ -52,6 +54,15 @@ def arg_key(v: Any) -> Any:
     if type(v) in (tuple, list):
         return (type(v), tuple([arg_key(x) for x in v]))
     raise TypeError(f"no call-cache key for {type(v).__name__}")
+
+
+def scalar_key(v: Any) -> tuple:
+    """The key of an option the full path reads on the host (an eps, a head size): a scalar with
+    its type; TypeError for anything else, a tensor above all (its key would not hold its
+    value, which the plan's launch bakes in), so that call runs its full path uncached."""
+    if type(v) in _SCALAR_SET:
+        return (type(v), v)
+    raise TypeError(f"no call-cache key for an option of type {type(v).__name__}")
 
 
 def args_key(*vals: Any) -> tuple:
@@ -115,6 +126,29 @@ def _shared(tensors: tuple) -> set:
     return twice
 
 
+class _Op:
+    # A torch op a recorded call made through ``step``: fn(*args, **kwargs) gave ``result``.
+    __slots__ = ("fn", "args", "kwargs", "result")
+
+    def __init__(self, fn: Any, args: tuple, kwargs: dict, result: Any):
+        self.fn, self.args, self.kwargs, self.result = fn, args, kwargs, result
+
+
+def step(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``: a torch op of a full path between its launches whose effect
+    depends only on the call's key (an allocation of a shape the key gives, ``zero_``, ``copy_``;
+    never one reading tensor contents on the host).  A call being recorded remembers it, so that
+    its plan makes it again in the same place among the launches, on that call's tensors (keyword
+    arguments are constants).  Returns fn's result: a tensor, a tuple of tensors, or one of its
+    tensor arguments (an in-place op)."""
+    result = fn(*args, **kwargs)
+    if _direct.RECORDERS:
+        recording = _direct.RECORDERS.get(threading.get_ident())
+        if recording is not None:
+            recording.append(_Op(fn, args, kwargs, result))
+    return result
+
+
 class _Step:
     # One launch of a plan: its arguments are the pool (the call's named tensors, then the
     # recorded constants) picked by index.
@@ -138,9 +172,81 @@ class Plan:
         for step in self.steps:
             step.bound(step.pick(tensors + step.consts))
 
+    def run(self, tensors: tuple) -> list:
+        """``launch``, returning the pool: ``tensors``, then the recorded constants, then what
+        the plan's steps made (a ``_PoolPlan``'s; here none)."""
+        self.launch(tensors)
+        return list(tensors)
+
+
+def _picker(refs: list) -> Any:
+    # pool -> the tuple of pool[i] for i in refs.
+    if len(refs) > 1:
+        return operator.itemgetter(*refs)
+    if refs:
+        return lambda pool, i=refs[0]: (pool[i],)
+    return lambda pool: ()
+
+
+class _PoolPlan(Plan):
+    """A plan with torch ops among its launches (``step``): each op and launch in recorded order
+    over one pool of tensors (the call's named tensors, the constants, then each op's products)."""
+
+    __slots__ = ("ops", "consts")
+
+    def __init__(self, ops: tuple, consts: tuple, data: Any):
+        super().__init__((), data)
+        # Per op: (bound launch or None, pick, torch function, its keyword arguments, products:
+        # 0 none (in place), 1 a tensor, 2 a tuple of tensors).
+        self.ops, self.consts = ops, consts
+
+    def launch(self, tensors: tuple) -> None:
+        self.run(tensors)
+
+    def run(self, tensors: tuple) -> list:
+        pool = [*tensors, *self.consts]
+        for bound, pick, fn, kwargs, made in self.ops:
+            if bound is not None:
+                bound(pick(pool))
+            elif made == 1:
+                pool.append(fn(*pick(pool), **kwargs))
+            elif made == 2:
+                pool.extend(fn(*pick(pool), **kwargs))
+            else:
+                fn(*pick(pool), **kwargs)
+        return pool
+
 
 # A key whose call launches nothing (a vendor path, an empty problem): its full path runs.
 NO_PLAN = Plan((), None)
+
+
+def _outputs(op: _Op) -> Optional[list]:
+    # The tensors an op made (its result, as a list), or None for an in-place op.
+    result = op.result
+    if result is None or any(result is a for a in op.args):
+        return None
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _named_products(op: _Op, where: dict) -> bool:
+    # Did the op make only tensors the entry names (which it makes itself on a hit)?
+    outs = _outputs(op)
+    return bool(outs) and all(id(t) in where for t in outs)
+
+
+# Allocations a plan replays from a template (commit): fn -> fn_like.
+_LIKE = {torch.empty: torch.empty_like, torch.zeros: torch.zeros_like}
+
+
+class _Unplanned(Exception):
+    # A recorded op or launch took a tensor the entry did not name: no plan for the key.
+    pass
+
+
+class _Twice(Exception):
+    # A launch took a tensor found at two places of the named ones: no plan, the key left open.
+    pass
 
 
 class _Recording:
@@ -171,22 +277,27 @@ class CallCache:
         finally:
             del _direct.RECORDERS[me]
 
-    def commit(
-        self, rec: _Recording, key: Any, tensors: tuple, data: Any = None, held: bool = False
-    ) -> Optional[Plan]:
+    def commit(self, rec: _Recording, key: Any, tensors: tuple, data: Any = None, held: bool = False) -> Optional[Plan]:
         """Make ``key``'s plan from the recorded launches, ``tensors`` being every tensor they may
         take (by identity), in the order a hit passes them to ``Plan.launch``.  With ``held``,
         any other tensor is kept in the plan as it is (only for persistent workspaces, whose
         stream is in the key).  None (no plan) where a launch went to Triton or took another
         tensor; ``key`` is then remembered as ``NO_PLAN`` (its full path runs, unrecorded), as
-        it is where the call launched nothing.  A launch argument found at two places of
+        it is where the call launched nothing.  Ops the call made through ``step`` are replayed in
+        their place; one whose products the entry names in ``tensors`` is the entry's own to make
+        on a hit, and is left out.  A launch argument found at two places of
         ``tensors`` (the caller passed one tensor as two arguments: the key does not say so, and
         a later call's two tensors would be one) makes no plan and leaves ``key`` unplanned: the
         next call records again."""
         steps = []
         where = {id(t): i for i, t in enumerate(tensors)}
         shared = len(where) < len(tensors) and _shared(tensors)
-        for launch in rec.launches:
+        events = rec.launches
+        if any(type(e) is _Op for e in events):
+            events = [e for e in events if not (type(e) is _Op and _named_products(e, where))]
+            if any(type(e) is _Op for e in events):
+                return self._commit_ops(events, key, tensors, where, shared, data, held)
+        for launch in events:
             if launch is None or launch[0] is None:
                 return self._none(key)
             entry, grid, args, kwargs, dev = launch
@@ -209,6 +320,82 @@ class CallCache:
         if not steps:
             return self._none(key)
         plan = Plan(tuple(steps), data)
+        self._put(key, plan)
+        return plan
+
+    def _commit_ops(
+        self, events: list, key: Any, tensors: tuple, where: dict, shared: Any, data: Any, held: bool
+    ) -> Optional[Plan]:
+        # commit's plan of a recording with ops: a _PoolPlan.  References are named tensors (an
+        # index), then ("c", k) for the k-th constant and ("p", m) for the m-th product,
+        # resolved to pool indices at the end.
+        n = len(tensors)
+        consts: list = []
+        made: dict[int, tuple] = {}  # id of a product (alive in rec) -> its reference
+        raw = []
+
+        def ref(v: Any) -> Any:
+            if isinstance(v, torch.Tensor) and not (held and id(v) not in where and id(v) not in made):
+                r = made.get(id(v))
+                if r is not None:
+                    return r
+                i = where.get(id(v))
+                if i is None or tensors[i] is not v:
+                    raise _Unplanned
+                if shared and id(v) in shared:
+                    raise _Twice
+                return i
+            consts.append(v)
+            return ("c", len(consts) - 1)
+
+        try:
+            for event in events:
+                if event is None or (type(event) is not _Op and event[0] is None):
+                    return self._none(key)
+                if type(event) is _Op:
+                    if any(isinstance(v, torch.Tensor) for v in event.kwargs.values()):
+                        return self._none(key)
+                    result = event.result
+                    outs = _outputs(event)
+                    if outs is None:
+                        products = 0  # in place: nothing, or one of its arguments, returned
+                    elif all(isinstance(t, torch.Tensor) and id(t) not in where for t in outs):
+                        products = 2 if isinstance(result, (tuple, list)) else 1
+                    else:
+                        return self._none(key)
+                    tensors_out = outs or ()
+                    like = _LIKE.get(event.fn) if products == 1 else None
+                    if like is not None and result.is_contiguous():
+                        # An allocation: replayed as fn_like of a one-element template of its
+                        # shape (stride 0), a third of the host time of fn(shape, dtype, device).
+                        consts.append(result.new_empty(1).as_strided(result.shape, (0,) * result.dim()))
+                        fn, refs, kwargs = like, [("c", len(consts) - 1)], {"memory_format": torch.contiguous_format}
+                    else:
+                        fn, refs, kwargs = event.fn, [ref(v) for v in event.args], dict(event.kwargs)
+                    for t in tensors_out if products else ():
+                        made[id(t)] = ("p", len(made))
+                    raw.append((None, refs, fn, kwargs, products))
+                    continue
+                entry, grid, args, kwargs, dev = event
+                if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+                    return self._none(key)
+                raw.append((_direct.Bound(entry, grid, kwargs, dev), [ref(v) for v in args], None, None, 0))
+        except _Unplanned:
+            return self._none(key)
+        except _Twice:
+            return None
+        if not any(bound is not None for bound, *_ in raw):
+            return self._none(key)
+        base = {"c": n, "p": n + len(consts)}
+
+        def index(r: Any) -> int:
+            return r if type(r) is int else base[r[0]] + r[1]
+
+        ops = tuple(
+            (bound, _picker([index(r) for r in refs]), fn, kwargs, products)
+            for bound, refs, fn, kwargs, products in raw
+        )
+        plan = _PoolPlan(ops, tuple(consts), data)
         self._put(key, plan)
         return plan
 

@@ -191,6 +191,25 @@ def test_rms_norm_residual_hits_and_misses(recorded):
     assert recorded[-1] == "rms_norm" and len(recorded) == 3 and isinstance(got, torch.Tensor)
 
 
+def test_options_read_on_the_host_as_tensors_are_never_planned(recorded):
+    # eps, head_size and is_neox are read on the host into the launch: as tensors (which the full
+    # path accepts) their value is no part of a key, so such calls run uncached every time.
+    x, w = view((3, 64)), view((64,), seed=1)
+    for eps in (1e-6, 100.0, 1e-6):
+        got = TR.rms_norm(x, w, torch.tensor(eps), hw="h200")
+        torch.testing.assert_close(got.double(), rms_ref(x, w, eps), rtol=1e-5, atol=1e-5)
+    assert recorded == [] and call_cache.sizes()["rms_norm"] == 0
+    hs = 16
+    pos, cs = torch.tensor([3, 0, 7]), view((8, hs), seed=9)
+    for neox in (True, False):
+        q, k = view((3, 4 * hs)), view((3, 2 * hs), seed=1)
+        want = rope_ref(pos, q.clone(), k.clone(), cs, hs, neox)
+        TR.rotary_embedding(pos, q, k, cs, torch.tensor(hs), torch.tensor(neox), hw="h200")
+        for g, r in zip((q.view(3, -1, hs), k.view(3, -1, hs)), want):
+            torch.testing.assert_close(g.double(), r, rtol=1e-5, atol=1e-5)
+    assert recorded == [] and call_cache.sizes()["rotary_embedding"] == 0
+
+
 def test_a_tensor_passed_twice_makes_no_plan(recorded):
     # rms_norm(x, w, residual=x): the recorded launch could not tell x from the residual, and a
     # later call of the same key with two tensors would read one for both.
@@ -289,6 +308,81 @@ def test_reshape_and_cache_hits_and_misses(recorded):
         check(fn, args, ref, recorded, "reshape_and_cache", miss=False, tol=0)
     with pytest.raises(ValueError, match="slot_mapping must be 1-D"):
         fn(view((3, 2, 8)), view((3, 2, 8)), slots.view(3, 1))
+
+
+def caches(n=2, shape=(6, 4, 2, 8), dtype=torch.float32, offset=0, seed=0):
+    """n key and n value caches; with ``offset``, views that many elements into their storage."""
+    made = [view(shape, dtype, offset, seed + i) for i in range(2 * n)]
+    return made[:n], made[n:]
+
+
+def copied(kcs, vcs, mapping, recorded, *, miss, hw="h200"):
+    """copy_blocks on the caches (kept), a miss or a hit as said; each cache bitwise what the
+    uncached path and the reference make of a copy of it."""
+    before = [c.clone() for c in kcs + vcs]
+    n = len(kcs)
+    seen = len(recorded)
+    C.copy_blocks(kcs, vcs, mapping, hw=hw)
+    assert (len(recorded) - seen == 1) == miss and (not miss or recorded[-1] == "copy_blocks"), (recorded, miss)
+    got = [c.clone() for c in kcs + vcs]
+    for c, b in zip(kcs + vcs, before):
+        c.copy_(b)
+    uncached(lambda: C.copy_blocks(kcs, vcs, mapping, hw=hw))
+    want = [c.clone() for c in kcs + vcs]
+    ref = [b.clone() for b in before]
+    src, dst = mapping[:, 0].long(), mapping[:, 1].long()
+    for c in ref:
+        c[dst] = c[src]
+    for g, w, r in zip(got, want, ref, strict=True):
+        assert torch.equal(g, w) and torch.equal(g, r)
+    assert len(got) == 2 * n
+
+
+def test_copy_blocks_hits_and_misses(recorded):
+    kcs, vcs = caches()
+    pairs = torch.tensor([[0, 3], [2, 5]])
+    copied(kcs, vcs, pairs, recorded, miss=True)
+    copied(kcs, vcs, torch.tensor([[1, 4], [5, 0]]), recorded, miss=False)  # another mapping: a hit
+    for args in (
+        (kcs, vcs, torch.tensor([[1, 4], [5, 0], [2, 3]])),  # three pairs
+        (kcs, vcs, pairs.int()),  # int32 mapping
+        (*caches(seed=4), pairs),  # other caches (other data pointers): another offset table
+        (*caches(offset=1), pairs),  # misaligned caches: offsets in elements, not 16-byte units
+        (*caches(dtype=torch.float16), pairs),  # dtype
+        (kcs[:1], vcs[:1], pairs),  # one layer
+        (kcs, vcs, pairs, "a100"),  # target
+    ):
+        copied(*args[:3], recorded, miss=True, hw=args[3] if len(args) > 3 else "h200")
+        copied(*args[:3], recorded, miss=False, hw=args[3] if len(args) > 3 else "h200")
+    assert call_cache.sizes()["copy_blocks"] == 8
+    # A strided mapping is copied by the full path: no plan, still right every time.
+    strided = torch.tensor([[0, 9, 3], [2, 9, 5]])[:, ::2]
+    copied(kcs, vcs, strided, recorded, miss=True)
+    copied(kcs, vcs, strided, recorded, miss=False)
+    plans = call_cache.named("copy_blocks").plans
+    assert len(plans) == 9 and sum(p is call_cache.NO_PLAN for p in plans.values()) == 1
+
+
+def test_copy_blocks_bad_calls_raise_as_without_the_cache():
+    kcs, vcs = caches()
+    pairs = torch.tensor([[0, 3]])
+    C.copy_blocks(kcs, vcs, pairs, hw="h200")
+    # Same data pointers, another shape: a cache of the planned call viewed otherwise.
+    other = vcs[1].view(6, 4, 16)
+    for args in (
+        (kcs, vcs[:1], pairs),  # counts differ
+        (kcs, [vcs[0], other], pairs),  # a cache of another shape
+        (kcs, [vcs[0], vcs[1].half()], pairs),  # another dtype
+        (kcs, [vcs[0], "cache"], pairs),  # not a tensor
+        (kcs, vcs, pairs.view(1, 2, 1)),  # mapping's shape
+    ):
+        errors = []
+        for on in (True, False):
+            with direct.enabled(on), pytest.raises((ValueError, TypeError, AttributeError)) as e:
+                C.copy_blocks(*args, hw="h200")
+            errors.append((type(e.value), str(e.value)))
+        assert errors[0] == errors[1]
+    assert call_cache.sizes()["copy_blocks"] == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ halved until the grid has ``min_programs`` programs or each thread holds one 16-
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -41,8 +42,22 @@ from ..launch import (
 
 __all__ = ["CacheKernels", "swap_blocks"]
 
-# Plans of reshape_and_cache calls by argument class (keyed with the CacheKernels object).
+# Plans of reshape_and_cache and copy_blocks calls by argument class (keyed with the CacheKernels
+# object).
 _RC_CALLS = CallCache("reshape_and_cache")
+_CB_CALLS = CallCache("copy_blocks")
+# What copy_blocks' key reads of each cache, attribute by attribute over the list (in C, no
+# Python frame per cache): every one its full path checks, and the data pointers its table holds.
+_CACHE_ATTRS = operator.attrgetter("__class__", "shape", "dtype")
+
+
+def _caches_key(key_caches: Any, value_caches: Any) -> tuple:
+    """copy_blocks' key of its caches (TypeError for a list holding a non-tensor)."""
+    caches = (*key_caches, *value_caches)
+    return (
+        tuple(map(_CACHE_ATTRS, caches)), tuple(map(torch.Tensor.stride, caches)),
+        tuple(map(torch.Tensor.data_ptr, caches)), tuple(map(torch.Tensor.get_device, caches)),
+    )  # fmt: skip
 
 
 # copy_blocks' per-cache offset tables kept on the device before the memo is cleared.
@@ -178,8 +193,32 @@ class CacheKernels:
 
     def copy_blocks(self, key_caches, value_caches, block_mapping, *, hw=None):
         """``cache[dst] = cache[src]`` for every row (src, dst) of block_mapping and every cache,
-        in one launch."""
+        in one launch.  A call of a class seen before replays it (policy_runtime/call_cache.py):
+        the class is every cache's type, shape, strides, dtype, device and data pointer (the
+        launch reads offsets between them from a device table its plan keeps), and the mapping's
+        ``tensor_key``; a mapping the full path copies (strided, or on the host) has no plan."""
+        anchor = key_caches[0] if type(key_caches) in (list, tuple) and key_caches else block_mapping
+        ck, plan = lookup(
+            _CB_CALLS,
+            anchor,
+            lambda: (id(self), hw, len(key_caches), _caches_key(key_caches, value_caches), tensor_key(block_mapping)),
+        )
+        if plan is not None and plan is not NO_PLAN:
+            with on_device(anchor):
+                plan.launch((anchor, plan.data, block_mapping))
+            return None
+        if ck is None or plan is NO_PLAN:
+            return self._copy_blocks(key_caches, value_caches, block_mapping, hw=hw)
+        with _CB_CALLS.record() as rec:
+            self._copy_blocks(key_caches, value_caches, block_mapping, hw=hw, named=(named := []))
+        _CB_CALLS.commit(rec, ck, tuple(named), data=named[1] if named else None)
+        return None
+
+    def _copy_blocks(self, key_caches, value_caches, block_mapping, *, hw=None, named=None):
+        # The full path; ``named`` (a list) gets the anchor, the offset table and the caller's
+        # mapping (a copy of it the launch takes instead is no tensor a hit could pass: no plan).
         op = "copy_blocks"
+        given = block_mapping
         if len(key_caches) != len(value_caches):
             raise ValueError(f"{op}: {len(key_caches)} key caches vs {len(value_caches)} value caches")
         _check_mapping(op, block_mapping)
@@ -225,6 +264,8 @@ class CacheKernels:
         if plan is None:
             cfg = self.launch["copy_blocks"][target]
             plan = remember(self._cb_plans, key, plan_copy_blocks(n, len(caches), block_numel, unit, esize, cfg))
+        if named is not None:
+            named += (c0, table, given)
         run_plan(plan, c0, (c0, table, block_mapping, n, plan.info, strides[0], block_numel))
 
     def _offset_table(self, caches: list, esize: int, device: torch.device) -> tuple[torch.Tensor, int]:

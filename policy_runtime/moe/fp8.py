@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .. import launch as _launch
+from ..call_cache import NO_PLAN, CallCache, args_key, lookup, step, tensor_key
 from ..lookup import PolicyTables
 from ..fp8_kv import round_half_even
 from ..scaled_mm.constexprs import SCALE_BLOCK
@@ -34,10 +35,12 @@ from .ops import (
     check_expert_map,
     fail,
     index_tensor,
+    replay_routed,
     run_routed,
     same_device,
     sum_rows,
     tensor_arg,
+    unrecordable,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -619,14 +622,14 @@ def _quantize(
     M, K = x.shape
     grid = (_launch.cdiv(M, _Q_ROWS), _launch.cdiv(K, SCALE_BLOCK))
     if scaling == BLOCK:
-        scale = torch.empty((M, K // SCALE_BLOCK), dtype=torch.float32, device=x.device)
+        scale = step(torch.empty, (M, K // SCALE_BLOCK), dtype=torch.float32, device=x.device)
         mode, amax_arg = Q_GROUP, scale
     elif static is not None:
         scale, mode, amax_arg = static, Q_STATIC, static
     else:
-        scale, mode = torch.empty(1, dtype=torch.float32, device=x.device), Q_DYNAMIC
+        scale, mode = step(torch.empty, 1, dtype=torch.float32, device=x.device), Q_DYNAMIC
         if amax is None:
-            amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+            amax = step(torch.zeros, 1, dtype=torch.float32, device=x.device)
             _launch.launch_kernel(
                 _fp8_amax, grid, x, amax, M, K, x.stride(0), x.stride(1), ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, num_warps=4
             )
@@ -688,7 +691,8 @@ class Fp8Variant:
         k = numel // T
         dev = x.device
         compiling = _launch.compiling()
-        x_q = torch.empty((T, H), dtype=FP8, device=dev)
+        # Torch ops between the launches go through ``step``: a call cache's plan replays them.
+        x_q = step(torch.empty, (T, H), dtype=FP8, device=dev)
         x_s = _quantize(x, x_q, scales.scaling, scales.a1, None)
         # The intermediate: quantized by the up GEMM's epilogue (static scale), else stored in x's
         # dtype and quantized after (its amax gathered by the up GEMM where dynamic per tensor).
@@ -698,14 +702,14 @@ class Fp8Variant:
         # quantizes every row after it, they start at zero (never read either way).
         alloc = torch.zeros if ep and not simt else torch.empty
         if scales.scaling == TENSOR and scales.a2 is not None:
-            out_mode, h = OUT_STATIC, torch.empty((numel, inter), dtype=FP8, device=dev)
+            out_mode, h = OUT_STATIC, step(torch.empty, (numel, inter), dtype=FP8, device=dev)
             hs_arg = amax_arg = scales.a2
         elif scales.scaling == TENSOR:
-            out_mode, h = OUT_AMAX, alloc((numel, inter), dtype=x.dtype, device=dev)
-            amax = torch.zeros(1, dtype=torch.float32, device=dev)
+            out_mode, h = OUT_AMAX, step(alloc, (numel, inter), dtype=x.dtype, device=dev)
+            amax = step(torch.zeros, 1, dtype=torch.float32, device=dev)
             hs_arg = amax_arg = amax
         else:
-            out_mode, h = OUT_PLAIN, alloc((numel, inter), dtype=x.dtype, device=dev)
+            out_mode, h = OUT_PLAIN, step(alloc, (numel, inter), dtype=x.dtype, device=dev)
             hs_arg = amax_arg = x_s
         opts = dict(num_warps=self.num_warps, num_stages=1 if simt else self.num_stages)
         down_opts = dict(num_warps=self.down_num_warps, num_stages=1 if simt else self.down_num_stages)
@@ -716,7 +720,7 @@ class Fp8Variant:
             # h as the down GEMM reads it, e4m3, and its scales.
             if out_mode == OUT_STATIC:
                 return h, scales.a2  # type: ignore[return-value]
-            h_q = torch.empty((numel, inter), dtype=FP8, device=dev)
+            h_q = step(torch.empty, (numel, inter), dtype=FP8, device=dev)
             return h_q, _quantize(h, h_q, scales.scaling, None, amax)
 
         if simt:
@@ -749,21 +753,21 @@ class Fp8Variant:
         grid = (blocks * _launch.cdiv(H, self.down_block_n),)
         if self.fuse_sum:
             if out.dtype == torch.float32:
-                acc = out if compiling else out.zero_()
+                acc = out if compiling else step(torch.Tensor.zero_, out)
             else:
-                acc = torch.zeros((T, H), dtype=torch.float32, device=dev)
+                acc = step(torch.zeros, (T, H), dtype=torch.float32, device=dev)
             _launch.launch_kernel(
                 self.down, grid, *down_head, acc, weights, *down_mid, *acc.stride(), *down_tail, **down_opts
             )
             if acc is not out and not compiling:
-                out.copy_(acc)
+                step(torch.Tensor.copy_, out, acc)
             return
         # One expert a token: its weighted row is the token's output.  With expert parallelism the
         # rows of other ranks' experts are never written: they start at zero.
         if k == 1:
-            rows = out.zero_() if ep and not compiling else out
+            rows = step(torch.Tensor.zero_, out) if ep and not compiling else out
         else:
-            rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=dev)
+            rows = step(torch.zeros if ep else torch.empty, (numel, H), dtype=x.dtype, device=dev)
         _launch.launch_kernel(
             self.down, grid, *down_head, rows, weights, *down_mid, *rows.stride(), *down_tail, **down_opts
         )
@@ -786,6 +790,9 @@ class Fp8Bucket:
 
 
 Fp8Policy = tuple[tuple[Fp8Bucket, ...], Callable[[int, int], Fp8Bucket]]
+
+# Plans of fused_moe_fp8's calls by argument class (call_cache.py).
+_FP8_CALLS = CallCache("fused_moe_fp8")
 
 
 # ---------------------------------------------------------------------------------------
@@ -881,7 +888,37 @@ class MoEFp8(PolicyTables):
         variant: Optional[Fp8Variant] = None,
     ) -> torch.Tensor:
         """The w8a8 FP8 MoE layer into out (or a new tensor), by the bucket's kernels for T and the
-        experts' intermediate size (or by ``variant``'s, for tests and benchmarks)."""
+        experts' intermediate size (or by ``variant``'s, for tests and benchmarks).  A call of a
+        class seen before replays its plan (call_cache.py): the quantizing launches, the
+        allocations and the GEMMs of its full path, back to back."""
+        args = (x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, block_shape, activation,
+                out, hw, expert_map, variant)  # fmt: skip
+        key, plan = lookup(
+            _FP8_CALLS,
+            x,
+            lambda: (
+                id(self), tensor_key(x), tensor_key(w1), tensor_key(w2), tensor_key(topk_weights),
+                tensor_key(topk_ids), tensor_key(w1_scale), tensor_key(w2_scale),
+                args_key(a1_scale, a2_scale, block_shape, activation, out, hw, expert_map), variant,
+            ),
+        )  # fmt: skip
+        if plan is not None and plan is not NO_PLAN:
+            # The static activation scales as the launches took them: one value, the same memory.
+            scales = (w1_scale, w2_scale, a1_scale, a2_scale)
+            return replay_routed(plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, scales)
+        if key is None or plan is NO_PLAN or unrecordable(x, topk_weights, out, w1_scale, w2_scale, a1_scale, a2_scale):
+            return self._fused_moe_fp8(*args)
+        with _FP8_CALLS.record() as rec:
+            result = self._fused_moe_fp8(*args, named := [])
+        _FP8_CALLS.commit(rec, key, tuple(named))
+        return result
+
+    def _fused_moe_fp8(
+        self, x, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, a1_scale, a2_scale, block_shape, activation,
+        out, hw, expert_map, variant, named=None,
+    ):  # fmt: skip
+        # The full path; ``named`` (a list) gets the tensors its launches take: run_routed's, then
+        # the scales (the activations' as checked: one-element views).
         op = "fused_moe_fp8"
         T, H, inter, E, k = _check_fused_fp8(x, w1, w2, topk_weights, topk_ids, activation, out)
         scales = check_moe_scales(op, H, inter, E, w1_scale, w2_scale, a1_scale, a2_scale, block_shape, x.device)
@@ -890,4 +927,9 @@ class MoEFp8(PolicyTables):
         if variant is None:
             variant = self.policy(FP8, hw, x.device)[1](T, inter).variant
         run = functools.partial(variant.run, scales=scales)
-        return run_routed(run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map)
+        result = run_routed(
+            run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map, named
+        )
+        if named:
+            named += (scales.w1, scales.w2, scales.a1, scales.a2)
+        return result

@@ -26,7 +26,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import launch as _launch
-from ..call_cache import NO_PLAN, CallCache, args_key, lookup, tensor_key
+from ..call_cache import NO_PLAN, CallCache, args_key, lookup, step, tensor_key
 from ..lookup import PolicyTables
 
 # Activations of the up GEMM's gate half, as vLLM's fused_moe names them (act_and_mul's ACT).
@@ -42,6 +42,7 @@ _ALIGN_BLOCK = 1024
 # Plans of the routers' and moe_align_block_size's calls by argument class (call_cache.py).
 _ROUTE_CALLS = CallCache("topk_softmax")
 _ALIGN_CALLS = CallCache("moe_align_block_size")
+_FUSED_CALLS = CallCache("fused_moe")
 SUM_BLOCK = 1024
 # topk_softmax gives each token of a call of at most this many its own program (see there).
 TOPK_ONE_ROW_MAX_T = 64
@@ -629,7 +630,8 @@ class Variant:
         inter = w2.shape[2]
         numel = weights.numel()
         k = numel // T
-        h = torch.empty((numel, inter), dtype=x.dtype, device=x.device)
+        # Torch ops between the launches go through ``step``: a call cache's plan replays them.
+        h = step(torch.empty, (numel, inter), dtype=x.dtype, device=x.device)
         # simt's loops set their own depth (tl.range, the STAGES its wrappers pass), so its
         # launches leave Triton's kernel-wide one at 1.
         simt = self.kind == "simt"
@@ -672,23 +674,23 @@ class Variant:
             # In warm-up's compile-only scope nothing runs, and out is left as it was.
             compiling = _launch.compiling()
             if out.dtype == torch.float32:
-                acc = out if compiling else out.zero_()
+                acc = out if compiling else step(torch.Tensor.zero_, out)
             else:
-                acc = torch.zeros((T, H), dtype=torch.float32, device=x.device)
+                acc = step(torch.zeros, (T, H), dtype=torch.float32, device=x.device)
             _launch.launch_kernel(
                 self.down, grid,
                 h, w2, acc, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
                 *h.stride(), *w2.stride(), *acc.stride(), inter % self.down_block_k == 0, **down_opts,
             )  # fmt: skip
             if acc is not out and not compiling:
-                out.copy_(acc)
+                step(torch.Tensor.copy_, out, acc)
             return
         # One expert a token: its weighted row is the token's output.  With expert parallelism the
         # rows of other ranks' experts are never written: they start at zero.
         if k == 1:
-            rows = out.zero_() if ep and not _launch.compiling() else out
+            rows = step(torch.Tensor.zero_, out) if ep and not _launch.compiling() else out
         else:
-            rows = (torch.zeros if ep else torch.empty)((numel, H), dtype=x.dtype, device=x.device)
+            rows = step(torch.zeros if ep else torch.empty, (numel, H), dtype=x.dtype, device=x.device)
         _launch.launch_kernel(
             self.down, grid,
             h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
@@ -822,7 +824,8 @@ def align(ids: torch.Tensor, block_size: int, num_experts: int,
     numel = ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
     max_blocks = _launch.cdiv(max_padded, block_size)
-    sorted_ids, expert_ids, post_pad, counts = _align_buffers(ids, align_sizes(max_padded, max_blocks, num_experts))
+    sizes = align_sizes(max_padded, max_blocks, num_experts)
+    sorted_ids, expert_ids, post_pad, counts = step(_align_buffers, ids, sizes)
     _launch.launch_kernel(_align_count, (num_experts,), ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
     _launch.launch_kernel(
         _align_scatter, (num_experts,),
@@ -1092,13 +1095,72 @@ class MoE(PolicyTables):
         expert_map: Any = None,
     ) -> torch.Tensor:
         """The fused MoE layer into out (or a new tensor), by the bucket's kernels for T and the
-        experts' intermediate size (or by ``variant``'s, for tests and benchmarks)."""
+        experts' intermediate size (or by ``variant``'s, for tests and benchmarks).  A call of a
+        class seen before replays its plan (call_cache.py): the alignment, the allocations and
+        the launches of its full path, back to back."""
+        key, plan = lookup(
+            _FUSED_CALLS,
+            x,
+            lambda: (
+                id(self), tensor_key(x), tensor_key(w1), tensor_key(w2), tensor_key(topk_weights),
+                tensor_key(topk_ids), args_key(activation, out, hw, expert_map), variant,
+            ),
+        )  # fmt: skip
+        if plan is not None and plan is not NO_PLAN:
+            return replay_routed(plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, ())
+        if key is None or plan is NO_PLAN or unrecordable(x, w1, w2, topk_weights, out):
+            return self._fused_moe(x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map)
+        with _FUSED_CALLS.record() as rec:
+            result = self._fused_moe(x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map,
+                                     named := [])  # fmt: skip
+        _FUSED_CALLS.commit(rec, key, tuple(named))
+        return result
+
+    def _fused_moe(self, x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map, named=None):
+        # The full path; ``named`` (a list) gets the tensors its launches take (run_routed's).
         T, H, inter, E, k = _check_fused(x, w1, w2, topk_weights, topk_ids, activation, out, self.variant_of_dtype)
         if expert_map is not None:
             expert_map = check_expert_map("fused_moe", expert_map, topk_ids, E)
         if variant is None:
             variant = self.policy(x.dtype, hw, x.device)[1](T, inter).variant
-        return run_routed(variant.run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map)
+        return run_routed(
+            variant.run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map, named
+        )
+
+
+def unrecordable(*tensors: Any) -> bool:
+    """Does a tensor of a fused MoE call require grad?  Such a call raises, or (without grad)
+    runs its full path every time: grad mode is not in the key (as matmul's)."""
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def replay_routed(
+    plan: Any,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: Optional[torch.Tensor],
+    expert_map: Optional[torch.Tensor],
+    extra: tuple,
+) -> torch.Tensor:
+    """A call cache's hit of fused_moe or fused_moe_fp8: run_routed's output and routing, then
+    ``plan`` over the tensors run_routed names (``extra``: the scales fused_moe_fp8 names).  The
+    routing is passed [T, k] where the launches took its flat view: the same memory, contiguous."""
+    given = out is not None
+    if out is None:
+        # run_routed's contiguous [T, H] of x's dtype, for a third of torch.empty's host time.
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    weights = topk_weights.contiguous()
+    ids = topk_ids.contiguous()
+    with _launch.on_device(x):
+        if expert_map is not None:
+            ids = expert_map[ids.long()].to(torch.int32)
+        plan.run((x, w1, w2, weights, ids, out, *extra))
+    if given:
+        torch.autograd.graph.increment_version(out)
+    return out
 
 
 def run_routed(
@@ -1112,11 +1174,14 @@ def run_routed(
     activation: str,
     dims: tuple[int, int, int, int],
     expert_map: Optional[torch.Tensor],
+    named: Optional[list] = None,
 ) -> torch.Tensor:
     """The host side fused_moe and fused_moe_fp8 share after their checks: the output (new, or
     ``out``), the empty cases, Triton's one-off setup, the flat routing (through ``expert_map`` to
     this rank's ids) and ``run`` (a variant's ``run``, its scales bound) under x's device guard.
-    ``dims``: T, H, the experts' intermediate size and the local expert count."""
+    ``dims``: T, H, the experts' intermediate size and the local expert count.  ``named`` (a
+    list, for a call cache's plan) gets x, w1, w2, the flat weights and ids and out, as the
+    launches take them (replay_routed passes them so)."""
     T, H, inter, E = dims
     given = out is not None
     if out is None:
@@ -1131,6 +1196,8 @@ def run_routed(
         if expert_map is not None:
             # Global ids to this rank's (-1: another rank's expert), one gather on the device.
             ids = expert_map[ids.long()].to(torch.int32)
+        if named is not None:
+            named += (x, w1, w2, weights, ids, out)
         run(x, w1, w2, weights, ids, out, ACTIVATIONS[activation], E, ep=expert_map is not None)
     if given:
         # A write autograd did not see: saved tensors that alias out now fail backward loudly.

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..call_cache import NO_PLAN, CallCache, arg_key, lookup, tensor_key
+from ..call_cache import NO_PLAN, CallCache, arg_key, lookup, scalar_key, tensor_key
 from ..launch import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -46,6 +46,7 @@ from ..launch import (
 
 __all__ = ["TransformKernels"]
 
+_CONTIGUOUS = torch.contiguous_format
 # Plans of the entry points' calls by argument class (keyed with the TransformKernels object).
 _RMS_CALLS = CallCache("rms_norm")
 _SILU_CALLS = CallCache("silu_and_mul")
@@ -89,15 +90,24 @@ class TransformKernels:
         (policy_runtime/call_cache.py)."""
         has_res = residual is not None
         key, plan = lookup(
-            _RMS_CALLS, x, lambda: (id(self), hw, arg_key(eps), tensor_key(x), tensor_key(weight), arg_key(residual))
-        )
+            _RMS_CALLS,
+            x,
+            lambda: (
+                id(self), hw, scalar_key(eps), tensor_key(x), tensor_key(weight),
+                tensor_key(residual) if has_res else None,
+            ),
+        )  # fmt: skip
         if plan is not None and plan is not NO_PLAN:
             # empty_like: the full path's contiguous tensors, for a third of torch.empty's host time.
-            out = torch.empty_like(x, memory_format=torch.contiguous_format)
-            z = torch.empty_like(x, memory_format=torch.contiguous_format) if has_res else None
+            out = torch.empty_like(x, memory_format=_CONTIGUOUS)
+            if not has_res:
+                with on_device(x):
+                    plan.launch((x, weight, out, None, None))
+                return out
+            z = torch.empty_like(x, memory_format=_CONTIGUOUS)
             with on_device(x):
                 plan.launch((x, weight, out, residual, z))
-            return (out, z) if has_res else out
+            return out, z
         if key is None or plan is NO_PLAN:
             return self._rms_norm(x, weight, eps, residual=residual, hw=hw)
         with _RMS_CALLS.record() as rec:
@@ -219,7 +229,7 @@ class TransformKernels:
             _ROPE_CALLS,
             query,
             lambda: (
-                id(self), hw, arg_key(head_size), arg_key(is_neox), tensor_key(positions), tensor_key(query),
+                id(self), hw, scalar_key(head_size), scalar_key(is_neox), tensor_key(positions), tensor_key(query),
                 arg_key(key), tensor_key(cos_sin_cache),
             ),
         )
