@@ -27,8 +27,8 @@ TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 2e-2}
 H, I = 64, 48  # hidden, expert intermediate: ragged against every tile
 # An expert intermediate size past 512 (h200's wide decode bucket), ragged against every tile.
 WIDE_I = 520
-# Past 4096 (Hopper's medium bucket stops there for wider experts, e.g. Mixtral's 14336): only its
-# routing is checked at this size (the kernel pairs run at I or WIDE_I).
+# Past 4096 (Hopper's medium bucket stops there for wider experts, e.g. Mixtral's 14336): the
+# medium_wide bucket's 16-bit kernel pairs run at this size.
 VERY_WIDE_I = 4104
 
 
@@ -351,11 +351,14 @@ def test_bucket_selection_on_the_h200():
     wide = [M.select(T, 768, dtype=torch.bfloat16, hw="h200").name for T in Ts]
     assert wide == ["decode_one_wide"] + names[1:]
     assert M.select(1, 513, hw="h200").name == "decode_one_wide"
-    # Experts past 4096 columns (Mixtral's 14336) keep medium's tiles to 128 tokens, then take
-    # the prefill tiles (vLLM's H200 table for 8 x 14336 does so from 256 tokens).
+    # Experts past 4096 columns (Mixtral's 14336) take vLLM's H200 tiles for 8 x 14336 at 128
+    # tokens up to 128 (16-bit; fp32 keeps medium's), then the prefill tiles.
     mixtral = [M.select(T, 14336, dtype=torch.bfloat16, hw="h200") for T in (33, 128, 129, 512, 513)]
     assert [b.name for b in mixtral] == ["medium_wide", "medium_wide", "prefill", "prefill", "prefill"]
-    assert mixtral[0].variant is M.select(33, 512, dtype=torch.bfloat16, hw="h200").variant
+    wide = mixtral[0].variant
+    assert (wide.block_m, wide.block_n, wide.block_k, wide.num_warps) == (64, 64, 128, 8)
+    fp32_wide = M.select(33, 14336, dtype=torch.float32, hw="h200").variant
+    assert fp32_wide is M.select(33, 512, dtype=torch.float32, hw="h200").variant
     assert M.select(512, 4096, dtype=torch.bfloat16, hw="h200").name == "medium"
     one, one_wide, few = (M.select(T, i, hw="h200").variant for T, i in ((1, 512), (1, 768), (4, 768)))
     assert len({one.name, one_wide.name, few.name}) == 3
