@@ -49,7 +49,7 @@ def spy(x, q, *a, **kw):
 rt._quantize = spy
 torch.manual_seed(0)
 print(f"target {HW}; torch {torch.__version__}; E {E} top-{k} H {H} I {I} {DT}")
-for T in (3, 40) if SMOKE else (7, 300, 1000, 2048):
+for T in (40,) if SMOKE else (7, 300, 1000, 2048):
     bucket = M.select(T, I, dtype=torch.float8_e4m3fn, hw=HW)
     x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(T, E, k, H, I, DT, False)
     dev = [t.to(DEV) for t in (x, w1q, w2q, weights, ids, w1s, w2s)]

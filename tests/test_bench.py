@@ -284,3 +284,24 @@ def test_attention_sweep_smoke(tmp_path):
     assert {c["fp8_via_f16"] for c in fp8} == {True, False}
     assert sum(c["spec"] for c in fp8) == 1
     assert result["errors"] == [] and result["skipped"] == []
+
+
+def test_decode_plans_and_moe_fp8_accuracy_smoke(tmp_path):
+    """bench/decode_plans.py: the policy's plan and each forced one checked against float32 (the
+    fp8 case reaches V2 in several partition sizes); bench/moe_fp8_accuracy.py: per bucket, the
+    output and the up GEMM's intermediate against float64, the interpreter's accumulation exact."""
+    import re
+
+    out = run_bench("decode_plans.py", tmp_path).stdout
+    rows = [line for line in out.splitlines() if " err " in line]
+    assert rows and "WRONG" not in out
+    assert all(float(re.search(r" err (\S+)", r).group(1)) < 1e-2 for r in rows)
+    # A 300-token window of a 700-token fp8 cache: V1, and V2 in two 256-token partitions.
+    assert rows[0].startswith("fp8") and "window=300" in rows[0] and "policy" in rows[0]
+    assert {re.search(r"(V1|V2 \d+ x \d+)", r).group(1) for r in rows} == {"V1", "V2 2 x 256"}
+    out = run_bench("moe_fp8_accuracy.py", tmp_path).stdout
+    rows = [line for line in out.splitlines() if line.startswith("T=")]
+    assert [r.split()[1] for r in rows] == ["40", "40"]
+    assert all(float(re.search(r"out err (\S+)", r).group(1)) < 1e-2 for r in rows)
+    differs = [float(m) for m in re.findall(r"differs from that rounding in (\S+)%", out)]
+    assert len(differs) == 1 and all(d < 1.0 for d in differs)
