@@ -36,7 +36,7 @@ from test_moe_fp8 import act_and_mul, dequant_weights, layer, quant_dequant, ref
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 HW = target_name(ARGS.hw)
-E, k, H, I = (4, 2, 256, 128) if SMOKE else (16, 4, 1024, 512)
+E, k, H, I = (4, 2, 128, 64) if SMOKE else (16, 4, 1024, 512)
 caught: list[torch.Tensor] = []
 _quantize = rt._quantize
 
