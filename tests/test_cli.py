@@ -263,8 +263,13 @@ def test_an_interrupted_build_puts_back_even_the_step_it_was_in(tmp_path, monkey
 
     monkeypatch.setattr(write.os, "replace", replace)
     monkeypatch.setattr(Path, "unlink", unlink)
-    with pytest.raises(KeyboardInterrupt):
-        write.apply(plan)
+    # Python's own SIGINT handler (KeyboardInterrupt), whatever the process had installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write.apply(plan)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     monkeypatch.undo()
     assert {f.name: f.read_bytes() for f in sorted(out.iterdir())} == {"a.py": b"old a\n", "b.py": b"old b\n"}
 
