@@ -1165,6 +1165,15 @@ class _DecodeClass:
         self.dummy, self.parts = dummy, choice[-1]
 
 
+def _hit_scales(op: str, fp8: bool, k_scale: Any, v_scale: Any, device: torch.device) -> tuple:
+    # A planned fp8 call's checked scale tensors as its plan names them: (None, None) without an
+    # fp8 cache; v_scale None where it is k_scale's tensor (the plan then names one tensor).
+    if not fp8:
+        return None, None
+    ks, vs = kv_scales(op, True, k_scale, v_scale, device)
+    return ks, (None if vs is ks else vs)
+
+
 def _decode_hit(plan, query, key_cache, value_cache, block_tables, seq_lens, alibi, sinks, out, max_seq_len,
                 k_scale, v_scale) -> Optional[torch.Tensor]:
     # A decode call of a planned class: the full path's steps that depend on more than the key
@@ -1173,11 +1182,7 @@ def _decode_hit(plan, query, key_cache, value_cache, block_tables, seq_lens, ali
     c = plan.data
     if seq_lens.stride(0) != 1:
         seq_lens = seq_lens.contiguous()
-    ks = vs = None
-    if c.fp8:
-        ks, vs = kv_scales("decode_attention", True, k_scale, v_scale, query.device)
-        if vs is ks:
-            vs = None
+    ks, vs = _hit_scales("decode_attention", c.fp8, k_scale, v_scale, query.device)
     if c.reads:
         lens = seq_lens.tolist()
         _check_lengths("decode_attention", lens, c.capacity, max_seq_len, c.bs, block_tables, c.nb)
@@ -1242,11 +1247,7 @@ def _prefill_hit(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, alibi,
     # A prefill call of a planned class: the full path's steps that depend on more than the key
     # (scales, CPU checks of cu_seqlens, contiguous copies), then the recorded launch.
     c = plan.data
-    ks = vs = None
-    if c.fp8:
-        ks, vs = kv_scales("prefill_attention", True, k_scale, v_scale, q.device)
-        if vs is ks:
-            vs = None
+    ks, vs = _hit_scales("prefill_attention", c.fp8, k_scale, v_scale, q.device)
     if c.reads:
         _prefill_host_checks(q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_q, max_k)
     if out is None:
