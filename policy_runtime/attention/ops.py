@@ -632,9 +632,7 @@ def _features(op: str, ref_name: str, ref: torch.Tensor, H: int, window_size: An
                 got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{op}: {name} must be a float32 tensor [num_heads={H}], got {got}")
             _same_device(op, name, t, ref, ref_name)
-            if t.stride(0) != 1:
-                t = t.contiguous()
-        vectors.append(t)
+        vectors.append(_unit_stride(t))
     return Features((int(window_size[0]), int(window_size[1])), float(softcap), vectors[0], vectors[1])
 
 
@@ -871,8 +869,7 @@ class Attention:
             raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {q.dtype}")
         if batch == 0 or max_q == 0 or H == 0 or total_q == 0:
             return out, None
-        cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
-        cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
+        cu_q, cu_k = _unit_stride(cu_seqlens_q), _unit_stride(cu_seqlens_k)
         grid = (_launch.cdiv(max_q, kernel.block_m), H, batch)
         # flash-attn's window: (left, right), -1 unbounded, right 0 under a causal mask.  An
         # unbounded side is a bound no key reaches; no window at all compiles no window code.
@@ -1002,8 +999,7 @@ class Attention:
             raise ValueError(f"{op}: kernel {kernel.name} serves {kernel.dtype_class} inputs, not {query.dtype}")
         if S == 0 or H == 0:
             return out, ()
-        if seq_lens.stride(0) != 1:
-            seq_lens = seq_lens.contiguous()
+        seq_lens = _unit_stride(seq_lens)
         # No sequence is longer than the block table holds (or the caller's max_seq_len): the
         # bound that sizes a launch while the lengths stay on the device.
         capacity = block_tables.shape[1] * bs
@@ -1072,14 +1068,7 @@ class Attention:
         if parts > _MAX_GRID_YZ or Hkv > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
             raise ValueError(f"decode_attention: {parts} partitions of {H} heads exceed the launch grid")
         if parts > 1:
-            part_o = torch.empty((S, H, parts, D), dtype=torch.float32, device=query.device)
-            # part_m then part_l in one buffer, part_l at a multiple of 4 floats: Triton specializes
-            # pointers on 16-byte alignment, and S * H * parts floats in would compile a second
-            # decode kernel and merge for the calls where that product is not a multiple of 4.
-            n = S * H * parts
-            step = _launch.cdiv(n, 4) * 4
-            part_ml = torch.empty(step + n, dtype=torch.float32, device=query.device)
-            part_m, part_l = part_ml[:n], part_ml[step:]
+            part_o, part_m, part_l = _v2_workspace(S, H, parts, D, query.device)
         else:
             # Not read (every sequence is V1), but fp32 like the real buffers: a pointer of another
             # dtype would compile a second kernel.
@@ -1146,6 +1135,24 @@ def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int,
     return v1_limit, ps, parts
 
 
+def _v2_workspace(S: int, H: int, parts: int, D: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(part_o, part_m, part_l) of a V2 decode launch: the partitions' fp32 outputs, then their
+    maxima and sums in one buffer, part_l at a multiple of 4 floats: Triton specializes pointers
+    on 16-byte alignment, and S * H * parts floats in would compile a second decode kernel and
+    merge for the calls where that product is not a multiple of 4 (the full path and a call-cache
+    hit allocate them here alike)."""
+    part_o = torch.empty((S, H, parts, D), dtype=torch.float32, device=device)
+    n = S * H * parts
+    step = _launch.cdiv(n, 4) * 4
+    part_ml = torch.empty(step + n, dtype=torch.float32, device=device)
+    return part_o, part_ml[:n], part_ml[step:]
+
+
+def _unit_stride(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    # A 1-D vector argument (lengths, offsets, slopes, sinks) as the kernels read it: unit stride.
+    return t if t is None or t.stride(0) == 1 else t.contiguous()
+
+
 def _decode_choice(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple:
     # What a decode launch's bound decides: the version (a vendor kernel's) and decode_plan.
     return (bound <= cfg.v1_v2_threshold, *decode_plan(S, Hkv, bound, cfg, lcfg))
@@ -1180,8 +1187,7 @@ def _decode_hit(plan, query, key_cache, value_cache, block_tables, seq_lens, ali
     # (scales, host lengths, workspaces), then the recorded launches.  None: these lengths give
     # another plan, or the PyTorch path (the caller records the call afresh).
     c = plan.data
-    if seq_lens.stride(0) != 1:
-        seq_lens = seq_lens.contiguous()
+    seq_lens = _unit_stride(seq_lens)
     ks, vs = _hit_scales("decode_attention", c.fp8, k_scale, v_scale, query.device)
     if c.reads:
         lens = seq_lens.tolist()
@@ -1192,20 +1198,13 @@ def _decode_hit(plan, query, key_cache, value_cache, block_tables, seq_lens, ali
             return None
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    if alibi is not None and alibi.stride(0) != 1:
-        alibi = alibi.contiguous()
-    if sinks is not None and sinks.stride(0) != 1:
-        sinks = sinks.contiguous()
+    alibi, sinks = _unit_stride(alibi), _unit_stride(sinks)
     parts = c.parts
     if parts > 1:
-        S, H, D = c.shape
-        part_o = torch.empty((S, H, parts, D), dtype=torch.float32, device=query.device)
-        n = S * H * parts
-        step = _launch.cdiv(n, 4) * 4
-        part_ml = torch.empty(step + n, dtype=torch.float32, device=query.device)
         spans = seq_lens.clamp(max=c.win_len) if c.win_len is not None else None
-        tensors = (query, key_cache, value_cache, block_tables, seq_lens, out, part_o, part_ml[:n], part_ml[step:],
-                   spans, alibi, sinks, ks, vs, c.dummy)  # fmt: skip
+        tensors = (query, key_cache, value_cache, block_tables, seq_lens, out,
+                   *_v2_workspace(*c.shape[:2], parts, c.shape[2], query.device), spans, alibi, sinks, ks, vs,
+                   c.dummy)  # fmt: skip
     else:
         tensors = (query, key_cache, value_cache, block_tables, seq_lens, out, None, None, None, None, alibi, sinks,
                    ks, vs, c.dummy)  # fmt: skip
@@ -1252,12 +1251,8 @@ def _prefill_hit(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, alibi,
         _prefill_host_checks(q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_q, max_k)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
-    cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
-    if alibi is not None and alibi.stride(0) != 1:
-        alibi = alibi.contiguous()
-    if sinks is not None and sinks.stride(0) != 1:
-        sinks = sinks.contiguous()
+    cu_q, cu_k = _unit_stride(cu_seqlens_q), _unit_stride(cu_seqlens_k)
+    alibi, sinks = _unit_stride(alibi), _unit_stride(sinks)
     with _launch.on_device(q):
         plan.launch((q, k, v, out, cu_q, None if cu_k is cu_q else cu_k, alibi, sinks, block_table, ks, vs, c.dummy,
                      c.dummy_i32))
