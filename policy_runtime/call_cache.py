@@ -102,6 +102,12 @@ def stream_of(t: torch.Tensor) -> Any:
     return torch._C._cuda_getCurrentRawStream(t.get_device()) if t.is_cuda else None
 
 
+def grad_needed(*tensors: Any) -> bool:
+    """Does a tensor among ``tensors`` require grad?  Such a call is never recorded: it raises,
+    or (with grad off) runs its full path every time, since grad mode is not in the key."""
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def clear_all() -> None:
     for cache in _ALL:
         cache.plans.clear()
@@ -315,8 +321,7 @@ class CallCache:
                 else:
                     picks.append(len(tensors) + len(consts))
                     consts.append(v)
-            pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda pool, i=picks[0]: (pool[i],))
-            steps.append(_Step(_direct.Bound(entry, grid, kwargs, dev), pick, tuple(consts)))
+            steps.append(_Step(_direct.Bound(entry, grid, kwargs, dev), _picker(picks), tuple(consts)))
         if not steps:
             return self._none(key)
         plan = Plan(tuple(steps), data)

@@ -627,7 +627,7 @@ class Matmul(PolicyTables):
             if given:
                 torch.autograd.graph.increment_version(out)
             return out
-        if plan is not None or a.requires_grad or b.requires_grad or (out is not None and out.requires_grad):
+        if plan is not None or _call_cache.grad_needed(a, b, out):
             return self._run(a, b, out, hw, force_triton)
         with _CALLS.record() as rec:
             result = self._run(a, b, out, hw, force_triton)

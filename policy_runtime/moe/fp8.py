@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .. import launch as _launch
-from ..call_cache import NO_PLAN, CallCache, args_key, lookup, step, tensor_key
+from ..call_cache import NO_PLAN, CallCache, args_key, grad_needed, lookup, step, tensor_key
 from ..lookup import PolicyTables
 from ..fp8_kv import round_half_even
 from ..scaled_mm.constexprs import SCALE_BLOCK
@@ -40,7 +40,6 @@ from .ops import (
     same_device,
     sum_rows,
     tensor_arg,
-    unrecordable,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -906,7 +905,7 @@ class MoEFp8(PolicyTables):
             # The static activation scales as the launches took them: one value, the same memory.
             scales = (w1_scale, w2_scale, a1_scale, a2_scale)
             return replay_routed(plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, scales)
-        if key is None or plan is NO_PLAN or unrecordable(x, topk_weights, out, w1_scale, w2_scale, a1_scale, a2_scale):
+        if key is None or plan is NO_PLAN or grad_needed(x, topk_weights, out, w1_scale, w2_scale, a1_scale, a2_scale):
             return self._fused_moe_fp8(*args)
         with _FP8_CALLS.record() as rec:
             result = self._fused_moe_fp8(*args, named := [])

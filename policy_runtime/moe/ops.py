@@ -26,7 +26,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import launch as _launch
-from ..call_cache import NO_PLAN, CallCache, args_key, lookup, step, tensor_key
+from ..call_cache import NO_PLAN, CallCache, args_key, grad_needed, lookup, step, tensor_key
 from ..lookup import PolicyTables
 
 # Activations of the up GEMM's gate half, as vLLM's fused_moe names them (act_and_mul's ACT).
@@ -1108,7 +1108,7 @@ class MoE(PolicyTables):
         )  # fmt: skip
         if plan is not None and plan is not NO_PLAN:
             return replay_routed(plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, ())
-        if key is None or plan is NO_PLAN or unrecordable(x, w1, w2, topk_weights, out):
+        if key is None or plan is NO_PLAN or grad_needed(x, w1, w2, topk_weights, out):
             return self._fused_moe(x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map)
         with _FUSED_CALLS.record() as rec:
             result = self._fused_moe(x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map,
@@ -1126,12 +1126,6 @@ class MoE(PolicyTables):
         return run_routed(
             variant.run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map, named
         )
-
-
-def unrecordable(*tensors: Any) -> bool:
-    """Does a tensor of a fused MoE call require grad?  Such a call raises, or (without grad)
-    runs its full path every time: grad mode is not in the key (as matmul's)."""
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def replay_routed(
