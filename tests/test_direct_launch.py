@@ -257,11 +257,17 @@ def test_moe_entry_points_same_with_and_without_the_cache():
 
 
 def test_the_environment_variable_turns_the_cache_off():
+    """POLICY_RUNTIME_DIRECT_LAUNCH=0 turns off the direct launches and with them the call caches
+    (tests/test_call_cache.py's test_off_with_direct_launches checks the in-code switch): silu_and_mul
+    and matmul_triton called twice each remember one launch class and one plan each, or none."""
     code = (
-        "import torch; from policy_runtime import direct; from generated import transform as TR;"
-        "TR.silu_and_mul(torch.randn(2, 32), hw='h200'); print(direct.ENABLED, direct.size())"
+        "import torch; from policy_runtime import call_cache, direct; from generated import transform as TR;"
+        "from generated import matmul as MM;"
+        "[TR.silu_and_mul(torch.randn(2, 32), hw='h200') for _ in range(2)];"
+        "[MM.matmul_triton(torch.randn(2, 8), torch.randn(8, 4), hw='h200') for _ in range(2)];"
+        "print(direct.ENABLED, direct.size(), sum(call_cache.sizes().values()))"
     )
-    for value, want in (("0", "False 0"), ("1", "True 1")):
+    for value, want in (("0", "False 0 0"), ("1", "True 2 2")):
         env = dict(os.environ, TRITON_INTERPRET="1", POLICY_RUNTIME_DIRECT_LAUNCH=value)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
