@@ -4,17 +4,17 @@
   policy, both scalings, against float64 on the dequantized inputs with the activations quantized
   as the call does (tests/test_moe_fp8.py's reference).  ``GPU_TIGHT`` (1.5e-2, relative Frobenius
   norm) holds a fixed intermediate scale; scales computed from the intermediate get
-  ``rescaled_bound`` (1.5 x the case's intermediate e4m3 error, 2-2.7e-2 here).  Why, measured on
-  the CPU (float64 reference, E 16, top-4, H 1024, I 512, bf16; torch's e4m3 casts): relative noise
-  on the up GEMM's output of 1e-4 / 3e-4 / 1e-3 / 3e-3 moves the output by 3.5e-3 / 5.7e-3 /
-  1.0e-2 / 1.8e-2 (static scale, T 1000: the flips of single e4m3 steps), so the 2.5e-2 seen there
-  needs about 5e-3 of noise, and only the prefill bucket (128-row wgmma tiles) errs so; the
-  16- and 32-row buckets pass.  Adding each K tile's dot into the fp32 accumulator
-  (``max_num_imprecise_acc=BLOCK_K``) left it at 2.49e-2 on the H200 and cost 14% of qwen3's
-  per-tensor prefill (590.6 -> 685.7 us), so the kernels keep Triton's default: the cause is open
-  (issue 35), and this case fails on the H200 until it is found.  With a
-  dynamic scale, an amax one ulp of bf16 away from the reference's re-rounds its whole group:
-  2.0e-2 (block, T 1, all groups) and 2.6e-2 (per tensor, T 1000); fp16 swigluoai (H 96, I 48,
+  ``rescaled_bound`` (1.5 x the case's intermediate e4m3 error, 2-2.7e-2 here).  The static case
+  once erred 2.5e-2 at T 1000 whatever the accumulation (fast, promoted per K tile, or every 32
+  products): the quantizing kernels divided by the scale with Triton's approximate fp32 `/`, and
+  x / scale, exactly on a tie of e4m3's grid for 0.6% of that draw's elements (bf16 x, a scale of
+  amax / 448), rounded away from torch's.  They divide with div_rn now, and
+  ``test_activation_quantization_is_torchs_cast`` holds the bytes to torch's.  What is left is
+  the accumulation: Hopper's FP8 wgmma keeps fewer bits than fp32 (Triton's sm_90 default never
+  promotes), 7.7e-3 at T 1000-2048 (4.2e-3 with each K tile's dot added in fp32, which cost 13-15%
+  of qwen3's per-tensor prefill: not taken, as vLLM's per-tensor Triton path).  With a dynamic
+  scale, an amax one ulp of bf16 away from the reference's re-rounds its whole group: 2.0e-2
+  (block, T 1, all groups) and 2.6e-2 (per tensor, T 1000); fp16 swigluoai (H 96, I 48,
   intermediate error 2.5e-2) reaches 3.5e-2 = sqrt(2) x 2.5e-2 when every element is rounded
   afresh, the 3.5e-2 seen on the H200.  No accumulation precision removes that: the test cannot see
   the kernel's scale.  Both bounds stay below the quantization error against the unquantized
@@ -79,6 +79,36 @@ def test_every_bucket_bf16_against_dequantized(block):
             bound = GPU_TIGHT if a else max(GPU_TIGHT, rescaled_bound(ierr, dynamic=True))
             assert err < bound, (T, bucket.name, a, err, bound)
     assert seen == {b.name for b in M.buckets(hw=hw, dtype=torch.float8_e4m3fn)}
+
+
+def test_activation_quantization_is_torchs_cast():
+    """The quantizing kernel's values against torch's ``(x / scale).clamp(-448, 448)`` cast (IEEE
+    division, ties to even) on bf16 data where x / scale lands on ties of e4m3's grid: a static
+    per-tensor scale of amax / 448, the dynamic per-tensor one (its scale too), and per token and
+    128-group.  Zeros compare by value (the kernel may store +0 where torch's cast gives -0)."""
+    from policy_runtime.moe import fp8 as rt
+
+    torch.manual_seed(0)
+    x = torch.randn(1000, 1024).to(torch.bfloat16)
+    xf = x.float()
+    s = xf.abs().max() / 448
+    want = (xf / s).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    ties = ((xf / s).abs() / 2.0 ** ((xf / s).abs().clamp(min=2**-6).log2().floor() - 3)).frac() == 0.5
+    assert ties.sum() > 1000  # the draw has ties for the rounding to get wrong
+    groups = xf.view(1000, 8, 128)
+    gs = groups.abs().amax(-1) / 448
+    want_g = (groups / gs[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).float().view(1000, 1024)
+    xc = x.cuda()
+    for scaling, static, ref, ref_s in (
+        (rt.TENSOR, s.reshape(1).cuda(), want, s.reshape(1)),
+        (rt.TENSOR, None, want, s.reshape(1)),
+        (rt.BLOCK, None, want_g, gs),
+    ):
+        q = torch.empty(1000, 1024, dtype=torch.float8_e4m3fn, device="cuda")
+        scale = rt._quantize(xc, q, scaling, static, None)
+        assert torch.equal(scale.cpu(), ref_s), (scaling, static is None)
+        wrong = (q.cpu().float() != ref).sum().item()
+        assert wrong == 0, (scaling, static is None, wrong)
 
 
 CHILD = r"""

@@ -116,7 +116,10 @@ def _fp8_quant(
     # q = clamp(x / scale, -448, 448) in e4m3 for a ROWS x BLOCK tile (grid: row tiles, column
     # tiles).  MODE 0: scale s_ptr[0] (static per tensor); 1: max(amax_ptr[0], floor) / 448 (dynamic
     # per tensor; program (0, 0) stores it to s_ptr[0]); 2: per row and BLOCK-column group, its
-    # amax / 448, stored to s_ptr[row, group] (vLLM's per_token_group_quant_fp8).
+    # amax / 448, stored to s_ptr[row, group] (vLLM's per_token_group_quant_fp8).  Divisions are
+    # div_rn (IEEE): Triton's fp32 `/` is approximate on NVIDIA GPUs, and an x / scale that should
+    # land exactly on a tie of e4m3's grid (frequent with 16-bit x and a scale of amax / 448) then
+    # rounds the other way from torch's x / scale (cache/ops.py's reshape_and_cache does the same).
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < M
@@ -124,15 +127,15 @@ def _fp8_quant(
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
     x = x.to(tl.float32)
     if MODE == 0:
-        q = x / tl.load(s_ptr)
+        q = tl.math.div_rn(x, tl.load(s_ptr))
     elif MODE == 1:
-        scale = tl.maximum(tl.load(amax_ptr), 1e-10) / 448.0
-        q = x / scale
+        scale = tl.math.div_rn(tl.maximum(tl.load(amax_ptr), 1e-10), 448.0)
+        q = tl.math.div_rn(x, scale)
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             tl.store(s_ptr, scale)
     else:
-        scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10) / 448.0
-        q = x / scale[:, None]
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10), 448.0)
+        q = tl.math.div_rn(x, scale[:, None])
         s_ptrs = s_ptr + rows.to(tl.int64) * stride_sm + tl.program_id(1) * stride_sk
         tl.store(s_ptrs, scale, mask=row_ok)
     q = _e4m3_round(tl.minimum(tl.maximum(q, -448.0), 448.0))
@@ -150,7 +153,7 @@ def _fp8_epilogue(h, h_ptrs, hs_ptr, amax_ptr, mask, OUT: tl.constexpr, ROUND: t
             h = h.to(tl.float16).to(tl.float32)
         elif ROUND == 2:
             h = h.to(tl.bfloat16).to(tl.float32)
-        q = _e4m3_round(tl.minimum(tl.maximum(h / tl.load(hs_ptr), -448.0), 448.0))
+        q = _e4m3_round(tl.minimum(tl.maximum(tl.math.div_rn(h, tl.load(hs_ptr)), -448.0), 448.0))
         tl.store(h_ptrs, q.to(h_ptrs.dtype.element_ty), mask=mask)
     else:
         hr = h.to(h_ptrs.dtype.element_ty)
