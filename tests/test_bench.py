@@ -260,7 +260,7 @@ def test_moe_fp8_bench_smoke(tmp_path):
     result = json.loads((tmp_path / "moe_fp8.json").read_text())
     assert result["errors"] == [] and "ERROR" not in out and "2 cases, 0 errors" in out
     rows = {r["T"]: r for r in result["rows"]}
-    assert sorted(rows) == [1, 33] and rows[1]["bucket"] == "decode" and rows[33]["bucket"] == "small"
+    assert sorted(rows) == [1, 33] and rows[1]["bucket"] == "decode_one" and rows[33]["bucket"] == "small"
     for r in rows.values():
         assert {"fp8 block", "fp8 tensor", "bf16"} <= set(r["us"]) and r["fp8_block_vs_bf16"] > 0
         assert all(e < 8e-2 for e in r["errors"].values()) and r["errors"]["bf16"] < 2e-2, r

@@ -261,7 +261,8 @@ def test_policy_tables_and_unserved_targets():
     assert set(M.UNSERVED_FP8) | set(M._POLICIES_FP8["moe_fp8_launch_e4m3"]) == set(HARDWARE)
     assert set(M.UNSERVED_FP8.values()) == {"fp8_e4m3fn"}
     names = [b.name for b in M.buckets(hw=HW, dtype=FP8)]
-    assert names == ["decode", "small", "medium", "prefill"]
+    assert names == ["decode_one", "decode", "small", "medium", "prefill"]
+    assert [M.select(t, 768, dtype=FP8, hw=HW).name for t in (1, 2, 4, 5)] == ["decode_one", "decode", "decode", "small"]
     assert M.select(1, 768, dtype=FP8, hw=HW).variant.kind == "simt"
     assert M.select(4096, 768, dtype=FP8, hw=HW).variant.kind == "grouped"
     assert M.select(1, 768, hw=HW).variant.kind != "grouped"  # the 16-bit tables are untouched

@@ -481,42 +481,50 @@ def fp8_simt_down_body(
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
+    KB: tl.constexpr,
     EP: tl.constexpr = False,
 ):
-    # One token t a program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores: for each
-    # of its k experts in slot order, BLOCK_N x BLOCK_K slabs of w2 times the row of h, each
-    # step's products times the slot's routing weight and scales (per tensor: hs[0] * ws[e]; block:
-    # hs[row, kb] and the slab rows' ws[e, n // 128, kb]), into one fp32 slab-shaped accumulator
-    # reduced over K at the end.  EP: slots of another rank's expert (id -1) add nothing.
+    # One token t a program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores, as
+    # policy_runtime/moe/ops.py's simt_down_body on one-byte weights: each step loads a K chunk of
+    # the BLOCK_N w2 rows of all the token's k experts at once (a [KB, BLOCK_N, BLOCK_K] slab, KB =
+    # k padded to a power of two: k times the bytes in flight of one expert a step) times the k
+    # rows of h, reduced over the chunk into fp32 [KB, BLOCK_N] sums.  Block scales (SCALING 1)
+    # multiply each step's sums by h's group scale and the slab rows' w2 block scales; the routing
+    # weight (per tensor: times hs[0] * ws[e]) scales each slot's sums at the end, the k added in a
+    # fixed order.  STAGES > 1 stages the loop's loads through shared memory (tl.range).  EP: slots
+    # of another rank's expert (id -1) load nothing and add nothing.
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = (offs_n % N).to(tl.int64)
+    slot = tl.arange(0, KB)
+    slot_ok = slot < top_k
+    flat = (t * top_k + slot).to(tl.int64)
+    experts = tl.load(ids_ptr + flat, mask=slot_ok, other=0).to(tl.int64)
+    if EP:
+        slot_ok = slot_ok & (experts >= 0)
+        experts = tl.maximum(experts, 0)
+    weight = tl.load(weights_ptr + flat, mask=slot_ok, other=0.0).to(tl.float32)
+    if SCALING == 0:
+        weight = weight * tl.load(hs_ptr) * tl.load(ws_ptr + experts * stride_wse, mask=slot_ok, other=0.0)
     offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for j in range(0, top_k):
-        r = (t * top_k + j).to(tl.int64)
-        expert = tl.load(ids_ptr + r).to(tl.int64)
-        weight = tl.load(weights_ptr + r).to(tl.float32)
-        k_end = K
-        if EP:
-            k_end = tl.where(expert >= 0, K, 0)
-            expert = tl.maximum(expert, 0)
-        a_ptrs = h_ptr + r * stride_hm + offs_k * stride_hk
-        b_ptrs = w_ptr + expert * stride_we + rows[:, None] * stride_wn + offs_k[None, :] * stride_wk
-        bs_ptrs = ws_ptr + expert * stride_wse + (rows // SCALE_BLOCK) * stride_wsn
-        if SCALING == 0:
-            weight = weight * tl.load(hs_ptr) * tl.load(ws_ptr + expert * stride_wse)
-        for k0 in tl.range(0, k_end, BLOCK_K, num_stages=STAGES):
-            k_ok = offs_k < K - k0
-            a = tl.load(a_ptrs + k0 * stride_hk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            b = tl.load(b_ptrs + k0 * stride_wk, mask=k_ok[None, :], other=0.0).to(tl.float32)
-            if SCALING == 1:
-                kb = k0 // SCALE_BLOCK
-                coef = weight * tl.load(hs_ptr + r * stride_hsm + kb * stride_hsk)
-                acc += (b * a) * (coef * tl.load(bs_ptrs + kb * stride_wsk))[:, None]
-            else:
-                acc += (b * a) * weight
-    o = tl.sum(acc, axis=1)
+    a_ptrs = h_ptr + flat[:, None] * stride_hm + offs_k[None, :] * stride_hk
+    b_ptrs = (w_ptr + experts[:, None, None] * stride_we + rows[None, :, None] * stride_wn
+              + offs_k[None, None, :] * stride_wk)  # fmt: skip
+    bs_ptrs = ws_ptr + experts[:, None] * stride_wse + (rows // SCALE_BLOCK)[None, :] * stride_wsn
+    acc = tl.zeros((KB, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        k_ok = offs_k < K - k0
+        a = tl.load(a_ptrs + k0 * stride_hk, mask=slot_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        b = tl.load(b_ptrs + k0 * stride_wk, mask=slot_ok[:, None, None] & k_ok[None, None, :], other=0.0)
+        part = tl.sum(b.to(tl.float32) * a[:, None, :], axis=2)
+        if SCALING == 1:
+            kb = k0 // SCALE_BLOCK
+            hsc = tl.load(hs_ptr + flat * stride_hsm + kb * stride_hsk, mask=slot_ok, other=0.0)
+            bsc = tl.load(bs_ptrs + kb * stride_wsk, mask=slot_ok[:, None], other=0.0)
+            acc += part * (hsc[:, None] * bsc)
+        else:
+            acc += part
+    o = tl.sum(acc * weight[:, None], axis=0)
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n * stride_on, o.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
@@ -736,7 +744,7 @@ class Fp8Variant:
             _launch.launch_kernel(
                 self.down, (T, _launch.cdiv(H, self.down_block_n)),
                 h_q, h_s, w2, scales.w2, out, weights, ids, H, inter, k, *h_q.stride(), *h_ss, *w2.stride(),
-                *scales.w2_strides, *out.stride(), scales.scaling, EP=ep, **down_opts,
+                *scales.w2_strides, *out.stride(), scales.scaling, KB=_launch.pow2ceil(k), EP=ep, **down_opts,
             )  # fmt: skip
             return
         sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts)

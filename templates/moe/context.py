@@ -131,8 +131,8 @@ def fp8_summary(c: dict[str, Any]) -> str:
     if c["kernel"] == "simt":
         parts = [
             f"e4m3 simt: one routed row a program on the CUDA cores, {c['block_size_n']}x{c['block_size_k']} slabs",
-            f"one token a program in the down GEMM, its experts in slot order in"
-            f" {c['down_block_size_n']}x{c['down_block_size_k']} slabs",
+            f"one token a program in the down GEMM, {c['down_block_size_n']}x{c['down_block_size_k']}"
+            f" slabs of all its experts a step",
             f"{c['num_warps']} warps",
             f"{c['num_stages']} stage{'s' if c['num_stages'] > 1 else ''}",
         ]
