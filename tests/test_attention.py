@@ -146,8 +146,10 @@ RAGGED = [([1, 37, 10, 70], [1, 37, 4, 150]), ([19, 0, 64], [40, 5, 64])]
 def test_every_prefill_kernel_on_ragged_batches(name):
     kernel = at.KERNELS[name]
     for dtype in dtypes_of(kernel):
-        # GQA ratios 1, 4 and 8; causal and not.
-        run_prefill(kernel, dtype, *RAGGED[0], H=8, Hkv=2, D=64, causal=True)
+        # GQA ratios 2 (two KV heads: the second serves heads 2 and 3), 8 and 1; causal and not.  A
+        # program takes one query head (its KV head is head // group, a runtime value): more heads
+        # only repeat programs (test_prefill_through_the_public_function runs ratio 4).
+        run_prefill(kernel, dtype, *RAGGED[0], H=4, Hkv=2, D=64, causal=True)
         run_prefill(kernel, dtype, *RAGGED[1], H=8, Hkv=1, D=64, causal=False, scale=0.3)
         run_prefill(kernel, dtype, [33], [50], H=2, Hkv=2, D=64, causal=True)
 
@@ -213,6 +215,7 @@ def launch_record(head_dim=64, target="h200", **over):
 # V1 (0, 1, 17, 48: a partial last block, a length of 0 and 1), V2 (49, 96: one and three
 # partitions, 96 a whole number of blocks), PyTorch (130: 5 tiles of 2 blocks at block size 16).
 LENS = [0, 1, 17, 48, 49, 96, 130]
+LENS_BACK = [130, 96, 49, 17, 0]
 
 
 def run_decode(kernel, dtype, lens, bs, H, Hkv, D, config, launch, scale=None, hw="h200"):
@@ -242,9 +245,13 @@ def test_every_decode_kernel_on_v1_v2_and_pytorch_paths(name):
     kernel = at.KERNELS[name]
     cfg, launch = small_config(), launch_record(v1_min_programs=0)
     for i, dtype in enumerate(dtypes_of(kernel)):
-        # One mixed batch per call; block sizes 16 and 32; GQA ratios 4, 1 and 8.
+        # One mixed batch per call; block sizes 16 and 32; GQA ratios 4, 1 and 8 (a program serves
+        # one KV head's group, its rows padded to 16 at each ratio: two KV heads show the offsets,
+        # more repeat programs).  The second batch, in reverse order, keeps a length of each path
+        # (PyTorch, V2 of three and two partitions, a partial block, 0): a program per sequence, KV
+        # head and partition, each sequence more.
         run_decode(kernel, dtype, LENS, 16, 8, 2, 64, cfg, launch)
-        run_decode(kernel, dtype, LENS[::-1], 32, 4, 4, 64, cfg, launch, scale=0.2)
+        run_decode(kernel, dtype, LENS_BACK, 32, 2, 2, 64, cfg, launch, scale=0.2)
         if i == 0:
             run_decode(kernel, dtype, [3, 60], 16, 8, 1, 64, cfg, launch)
 

@@ -39,14 +39,23 @@ def dtypes_of(name):
     return [torch.float16] + ([torch.bfloat16] if GPU else [])
 
 
+def routing(T, E, k):
+    """Random routing as topk_softmax(logits, k, True) gives it (float32 weights summing to 1,
+    int32 ids of k distinct experts), computed by torch: the kernel tests pay no router launch in
+    the interpreter (the router is tested against torch below)."""
+    weights, ids = torch.softmax(torch.randn(T, E, dtype=torch.float64), dim=-1).topk(k, dim=-1)
+    weights = (weights / weights.sum(-1, keepdim=True)).float()
+    return weights.to(DEVICE), ids.to(torch.int32).to(DEVICE)
+
+
 def layer(T, k, E, dtype, *, ids=None, h=H, i=I):
-    """Inputs of one MoE call: random activations and weights, routing from topk_softmax unless
-    ``ids`` is given (then random weights)."""
+    """Inputs of one MoE call: random activations and weights, random routing (``routing``)
+    unless ``ids`` is given (then random weights)."""
     x = torch.randn(T, h).to(dtype).to(DEVICE)
     w1 = (torch.randn(E, 2 * i, h) / h**0.5).to(dtype).to(DEVICE)
     w2 = (torch.randn(E, h, i) / i**0.5).to(dtype).to(DEVICE)
     if ids is None:
-        weights, ids = M.topk_softmax(torch.randn(T, E, device=DEVICE), k, True)
+        weights, ids = routing(T, E, k)
     else:
         ids = ids.to(DEVICE)
         weights = torch.rand(T, k, device=DEVICE)
@@ -95,16 +104,42 @@ def run_checked(inputs, *, variant=None, hw=None, activation="silu", what=""):
 
 @pytest.mark.parametrize("name", sorted(M.VARIANTS))
 def test_every_kernel_pair(name):
-    """Each specialized pair once, through fused_moe(hw=target) at a T (and expert intermediate
-    size) of the first bucket that serves it (FIRST_RUNS, below): the policy's host path, and the
-    pair's tiles at a size its bucket sees (past 512 tokens for a last bucket, WIDE_I for a wide
-    one).  The policy test checks the routing of every other bucket and target."""
+    """Each specialized pair once.  Its first bucket (FIRST_RUNS, below) must select it at that
+    bucket's T and expert intermediate size; where that shape is small, the pair runs there
+    through fused_moe(hw=target) (the policy's host path).  A last bucket's (past 512 tokens) or a
+    wide one's (WIDE_I, VERY_WIDE_I) pair runs by ``variant`` at edge_shape's smaller shape with
+    the same edges: the interpreter's time goes with the programs and K steps, which the bucket's
+    own size multiplies without adding a mask.  The policy test checks the routing of every other
+    bucket and target."""
     v = M.VARIANTS[name]
     variant, target, bucket_name, T, inter = FIRST_RUNS[name]
     for dtype in dtypes_of(name):
         bucket = M.select(T, inter, dtype=dtype, hw=target)
         assert (bucket.name, bucket.variant) == (bucket_name, v), (name, target, T, inter)
-        run_checked(layer(T, 2, 4, dtype, i=inter), hw=target, what=f"{name}: {target} {bucket_name} T={T} I={inter}")
+        what = f"{name}: {target} {bucket_name} T={T} I={inter}"
+        if T <= 64 and inter == I:
+            run_checked(layer(T, 2, 4, dtype, i=inter), hw=target, what=what)
+            continue
+        T_edge, inter_edge, ids = edge_shape(v, T, inter)
+        what += f", run at T={T_edge} I={inter_edge}"
+        run_checked(layer(T_edge, 2, 4, dtype, ids=ids, i=inter_edge), variant=v, what=what)
+
+
+def edge_shape(v, T, inter):
+    """A small (T, I, ids) with a large bucket's edges for pair ``v`` (top-2 of 4 experts).
+    Grouped kernels: past 64 tokens, block_m + 5 tokens whose first slot is expert 0 (a full row
+    block and a partial one), the second expert 1 for 7 tokens and expert 3 for the rest (partial
+    blocks), expert 2 none (empty).  Past I: I = down_block_k + 8, so the down GEMM takes two K
+    steps, the last partial (I mod down_block_k is 8 at WIDE_I and VERY_WIDE_I too: the same EVEN_K
+    specialization), and the up GEMM several column tiles, the last partial."""
+    inter_edge = v.down_block_k + 8 if inter > I else inter
+    assert inter_edge % v.down_block_k == inter % v.down_block_k
+    assert inter == inter_edge or inter_edge > v.block_n
+    if v.kind != "grouped" or T <= 64:
+        return T, inter_edge, None
+    T_edge = v.block_m + 5
+    ids = torch.stack([torch.zeros(T_edge, dtype=torch.int64), torch.where(torch.arange(T_edge) < 7, 1, 3)], 1)
+    return T_edge, inter_edge, ids
 
 
 @pytest.mark.parametrize("T, hw", [(2, "h200"), (9, "bi_v100")])
@@ -396,8 +431,9 @@ def test_bi_v100_keeps_the_seed_tiles():
 
 
 # One T in each of the h200 policy's buckets (decode_one, decode, small), and the medium bucket's
-# kernel at its first T and at many tiles an expert (T = 130 ran the same kernel between them).
-@pytest.mark.parametrize("T", [1, 2, 7, 33, 300])
+# kernel at its first T and at several tiles an expert (140 x top-8 of 16 experts: about 70 rows
+# each, two full 32-row tiles and a partial one).
+@pytest.mark.parametrize("T", [1, 2, 7, 33, 140])
 def test_ragged_token_counts_on_the_h200_policy(T):
     for dtype in [torch.float16] + ([torch.bfloat16] if GPU else []):
         run_checked(layer(T, 8, 16, dtype), hw="h200", what=f"T={T}")
@@ -524,10 +560,11 @@ def test_moe_align_block_size_on_vllm_docstring_example():
     + [(60, 8, torch.float16), (128, 8, torch.float16)],
     ids=["8-1-fp16", "8-1-fp32", "8-2-fp16", "8-2-fp32", "60-8-fp16", "128-8-fp16"],
 )
-# A token a program up to rt.TOPK_ONE_ROW_MAX_T tokens, tiles of several above.
-@pytest.mark.parametrize("T", [9, 70])
+# A token a program up to rt.TOPK_ONE_ROW_MAX_T tokens (3: several programs), tiles of several
+# tokens above (70: two or three tiles, the last partial).
+@pytest.mark.parametrize("T", [3, 70])
 def test_topk_softmax_matches_torch(E, k, dtype, T):
-    assert (T <= rt.TOPK_ONE_ROW_MAX_T) == (T == 9)
+    assert (T <= rt.TOPK_ONE_ROW_MAX_T) == (T == 3)
     logits = torch.randn(T, E).to(dtype)
     probs = torch.softmax(logits.double(), dim=-1)
     # Largest first, the lowest expert first among equal probabilities (fp16 logits repeat).

@@ -139,8 +139,16 @@ def layer(T, E, k, H, I, dtype, block):
     w2 = torch.randn(E, H, I) / I**0.5
     w1q, w1s = quant_weights(w1, block)
     w2q, w2s = quant_weights(w2, block)
-    weights, ids = M.topk_softmax(torch.randn(T, E, device=DEVICE), k, True)
-    return x, (w1, w2), (w1q, w1s, w2q, w2s), weights.cpu(), ids.cpu()
+    weights, ids = routing(T, E, k)
+    return x, (w1, w2), (w1q, w1s, w2q, w2s), weights, ids
+
+
+def routing(T, E, k):
+    """Random routing as topk_softmax(logits, k, True) gives it (float32 weights summing to 1,
+    int32 ids of k distinct experts), computed by torch on the CPU: the tests pay no router
+    launch in the interpreter (tests/test_moe.py tests the router against torch)."""
+    weights, ids = torch.softmax(torch.randn(T, E, dtype=torch.float64), dim=-1).topk(k, dim=-1)
+    return (weights / weights.sum(-1, keepdim=True)).float(), ids.to(torch.int32)
 
 
 def to_device(*ts):
@@ -282,7 +290,7 @@ def _bad_calls():
     w2q, w2s = quant_weights(torch.randn(E, H, I), False)
     b1q, b1s = quant_weights(torch.randn(E, 2 * I, H), True)
     b2q, b2s = quant_weights(torch.randn(E, H, I), True)
-    weights, ids = M.topk_softmax(torch.randn(3, E, device=DEVICE), 2, True)
+    weights, ids = routing(3, E, 2)
     ok = dict(w1_scale=w1s, w2_scale=w2s)
     blk = dict(w1_scale=b1s, w2_scale=b2s, block_shape=BLOCK)
     rag = torch.randn(3, 96).half()

@@ -419,7 +419,7 @@ def test_the_moe_harness_runs_records_correctly_in_the_interpreter():
     params = dict(num_experts=8, hidden_size=64, top_k=2)
     gemv = dict(kernel="gemv", block_size_m=1, block_size_n=16, block_size_k=32, group_size_m=1)
     grouped = dict(kernel="grouped", block_size_m=16, block_size_n=32, block_size_k=32, group_size_m=8)
-    for T in (1, 5):
+    for T in (1, 3):  # one token, and several (the interpreter's time goes with the rows)
         problem = HARNESS.problem({"t": T, "i": 32}, torch.float16, "cpu", params)
         simt = dict(gemv, kernel="simt", block_size_n=8, block_size_k=64, fuse_sum=True, num_stages=1)
         simt_down = dict(down_block_size_n=4, down_block_size_k=16, down_num_warps=2, down_num_stages=1, chained=True)

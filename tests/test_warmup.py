@@ -452,16 +452,24 @@ def test_command_line_plan_and_json(tmp_path, capsys):
     assert data["modules"] == ["generated.transform", "generated.cache"] and data["failed"] == 0
 
 
-def test_module_entry_point_and_bad_option():
+# The checks that need a fresh process share one child (torch and triton imported once):
+# importing every kernel module leaves warm-up unimported, then ``python -m policy_runtime.warmup``
+# (runpy, as -m runs it) refuses a bad option.
+_FRESH_PROCESS = """
+import runpy, sys
+import generated.matmul, generated.transform, generated.cache, generated.attention, generated.moe
+print('policy_runtime.warmup' in sys.modules, flush=True)
+sys.argv = ['python -m policy_runtime.warmup', '--hw', 'h200', '--workers', 'two']
+runpy.run_module('policy_runtime.warmup', run_name='__main__', alter_sys=True)
+"""
+
+
+def test_importing_the_kernel_modules_does_not_import_warm_up_and_its_entry_point_refuses_a_bad_option():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "policy_runtime.warmup", "--hw", "h200", "--workers", "two"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 2 and "--workers: invalid int value: 'two'" in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], cwd=REPO, env=env, capture_output=True, text=True)
+    # Warm-up is for deployment scripts: a serving process that never calls it does not pay its import.
+    assert proc.stdout.splitlines()[0] == "False", proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "--workers: invalid int value: 'two'" in proc.stderr, proc.stderr
 
 
 def test_without_a_gpu_and_the_interpreter_warmup_says_so(monkeypatch, capsys):
@@ -476,14 +484,3 @@ def test_model_dims_are_the_model_specs():
     assert dispatch.MODEL_DIMS["qwen36"]["num_experts"] == dispatch.QWEN36_NUM_EXPERTS
     assert dispatch.MODEL_DIMS["llama31_8b"]["hidden_size"] == dispatch.LLAMA31_8B_HIDDEN_SIZE
     assert tuple(dispatch.MODEL_DIMS) == tuple(dispatch.MODELS)
-
-
-def test_importing_the_kernel_modules_does_not_import_warm_up():
-    # Warm-up is for deployment scripts: a serving process that never calls it does not pay its import.
-    code = (
-        "import sys; import generated.matmul, generated.transform, generated.cache, generated.attention, "
-        "generated.moe; print('policy_runtime.warmup' in sys.modules)"
-    )
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
