@@ -235,7 +235,7 @@ def test_attention_bench_smoke(bench, tmp_path):
     assert {(r["head_dim"], r["ragged"]) for r in fp8} == {(d, g) for d in (128, 256) for g in (False, True)}
     assert all(r["frac_copy"] > 0 and r["bf16_over_fp8"] > 0 and r["rel_err_vs_bf16_cache"] < 0.08 for r in fp8)
     if PEERS.is_file():
-        assert [(r["head_dim"], r["batch"]) for r in fp8 if "vllm_us" in r] == [(128, 2)]
+        assert [(r["head_dim"], r["batch"], r["ragged"]) for r in fp8 if "vllm_us" in r] == [(128, 2, False)]
     # Issue 36's windows: prefill (one with Gemma-2's soft-cap) against FlexAttention with the same
     # mask, decode as a fraction of a copy of the window's bytes.
     windowed = result["window_prefill"]
@@ -256,7 +256,7 @@ def test_attention_bench_smoke(bench, tmp_path):
     assert any(r["ragged"] for r in decode)
     vllm = [r for r in decode if "vllm_us" in r]
     if PEERS.is_file():  # the vLLM decode peer beside ours where the peer file is there
-        assert {(r["batch"], r["context"], r["ragged"]) for r in vllm} == {(3, 100, True)}
+        assert {(r["batch"], r["context"], r["ragged"]) for r in vllm} == {(2, 100, True)}
         assert all(r["ratio_vs_vllm"] > 0 for r in vllm)
     else:
         assert not vllm and "not found" in result["peers"]["vllm_decode"]
@@ -274,7 +274,7 @@ def test_moe_bench_smoke(bench, tmp_path):
     assert result["errors"] == [] and result["skipped"] == []
     cases = result["cases"]
     assert sorted({(c["shape"], c["T"]) for c in cases}) == [("e128", 1)] + [
-        ("qwen36", t) for t in (1, 3, 16, 40, 600)
+        ("qwen36", t) for t in (1, 2, 5, 65, 513)
     ]
     assert {c["bucket"] for c in cases} == {"decode_one", "decode_one_wide", "decode", "small", "medium", "prefill"}
     assert {c["shape"] for c in cases if c["bucket"] == "decode_one_wide"} == {"e128"}
@@ -291,7 +291,7 @@ def test_moe_bench_smoke(bench, tmp_path):
     assert "6 cases, 0 errors, 0 skipped" in out
     peer = {(c["shape"], c["T"]) for c in cases if "vllm_us" in c}
     if PEERS.is_file():  # vLLM's fused MoE beside ours (the smoke run: two cases), checked first
-        assert peer == {("qwen36", 1), ("qwen36", 16)}
+        assert peer == {("qwen36", 1), ("qwen36", 5)}
         assert all(c["errors_vs_ref"]["vllm"] < 2e-2 and c["ours_vs_vllm"] > 0 for c in cases if "vllm_us" in c)
     else:
         assert not peer and "not found" in result["meta"]["vllm_peer"]
@@ -349,16 +349,16 @@ def test_scaled_mm_bench_smoke(bench, tmp_path):
 
 def test_moe_fp8_bench_smoke(bench, tmp_path):
     """bench/moe_fp8.py on its smoke shape: the simt decode bucket (T = 1, with the vLLM peer where
-    its file is) and a grouped one (T = 33), every method checked before it was timed."""
+    its file is) and a grouped one (T = 17), every method checked before it was timed."""
     out = bench("moe_fp8.py")
     result = json.loads((tmp_path / "moe_fp8.json").read_text())
     assert result["errors"] == [] and "ERROR" not in out and "2 cases, 0 errors" in out
     rows = {r["T"]: r for r in result["rows"]}
-    assert sorted(rows) == [1, 33] and rows[1]["bucket"] == "decode" and rows[33]["bucket"] == "small"
+    assert sorted(rows) == [1, 17] and rows[1]["bucket"] == "decode" and rows[17]["bucket"] == "small"
     for r in rows.values():
         assert {"fp8 block", "fp8 tensor", "bf16"} <= set(r["us"]) and r["fp8_block_vs_bf16"] > 0
         assert all(e < 8e-2 for e in r["errors"].values()) and r["errors"]["bf16"] < 2e-2, r
-    assert rows[1]["fp8_block_bw_frac_copy"] > 0 and "fp8_block_bw_frac_copy" not in rows[33]
+    assert rows[1]["fp8_block_bw_frac_copy"] > 0 and "fp8_block_bw_frac_copy" not in rows[17]
     if PEERS.is_file():
         assert "vllm block" in rows[1]["us"] and rows[1]["fp8_block_vs_vllm"] > 0
 
