@@ -79,8 +79,8 @@ ROUNDS = 1 if SMOKE else ARGS.rounds
 # different summation orders is ~3e-3; fp16 in the smoke run less.
 MAX_REL_ERR = 2e-2
 # Models: head_dim -> (query heads, KV heads); fewer heads in the smoke run (the interpreter
-# runs programs one by one).
-MODELS = {128: (4, 2), 256: (4, 1)} if SMOKE else {128: (32, 8), 256: (16, 4)}
+# runs programs one by one): GQA over two KV heads at 128, one KV head at 256.
+MODELS = {128: (4, 2), 256: (2, 1)} if SMOKE else {128: (32, 8), 256: (16, 4)}
 # Prefill's head dims: MODELS and head_dim 64 (32 query / 8 KV heads) on the GPU.
 PREFILL_MODELS = MODELS if SMOKE else {64: (32, 8), **MODELS}
 # Decode's shapes (head_dim, query heads, KV heads): GQA ratios 1, 4 and 8 over head dims 64, 128, 256.
@@ -91,7 +91,7 @@ DECODE_MODELS = (
 # VLLM_KV_SPLITS splits (SGLang's default; vLLM's MLA caller uses 4), compiled FlexAttention and
 # SDPA's cuDNN backend (GPU only) in prefill.
 VLLM, PEER_NOTE = peers.load()
-VLLM_KV_SPLITS = 8
+VLLM_KV_SPLITS = 2 if SMOKE else 8  # (the smoke run: the interpreter runs each split's programs)
 RES: dict = {
     "meta": {},
     "prefill": [],
@@ -113,11 +113,12 @@ elapsed, log, sync, release, write_json = RUN.elapsed, RUN.log, RUN.sync, RUN.re
 if SMOKE:
     # One length: every kernel of every bucket runs in tests/test_attention.py; here, the wiring.
     PREFILL_SEQS, PREFILL_TOKENS = [24], 24
-    V1V2 = [(1, 600)]
-    # (batch, context, ragged): a short context (V1), a long one (V2), and a ragged batch.
-    DECODE_CASES = [(1, 40, False), (2, 600, False), (3, 100, True)]
+    V1V2 = [(1, 300)]  # forced V1 and forced V2 (several partitions) at any length
+    # (batch, context, ragged): a short context (V1), a long one (V2: one sequence, the fewest
+    # programs), and a ragged batch.
+    DECODE_CASES = [(2, 40, False), (1, 600, False), (2, 100, True)]
     # The vLLM peer (slow in the interpreter) at head_dim 128 on the ragged batch only.
-    SMOKE_VLLM = {(3, 100, True)}
+    SMOKE_VLLM = {(2, 100, True)}
 else:
     PREFILL_SEQS, PREFILL_TOKENS = ([1024, 8192] if ARGS.quick else [1024, 4096, 16384]), 16384
     DECODE_BATCHES, DECODE_CONTEXTS = [1, 8, 32, 128], [1024, 8192, 32768]
@@ -131,7 +132,7 @@ else:
         DECODE_CASES += [(1, 8192, False), (8, 32768, False), (64, 16384, True), (128, 8192, False), (256, 4096, False)]
 # FP8-cache decode (batch, context, ragged) at head_dims 128 and 256 (MODELS' heads).
 FP8_CASES = (
-    [(2, 40, False), (3, 100, True)]
+    [(2, 40, False), (2, 100, True)]
     if SMOKE
     else [(8, 8192, False), (8, 32768, False), (32, 8192, False), (32, 32768, True), (64, 16384, False)]
 )
@@ -297,7 +298,7 @@ def phase_meta():
 def prefill_lengths(seq, ragged):
     if not ragged:
         return [seq] * max(1, PREFILL_TOKENS // seq)
-    n = max(3, (3 * PREFILL_TOKENS) // (2 * seq))
+    n = max(2 if SMOKE else 3, (3 * PREFILL_TOKENS) // (2 * seq))  # (the smoke run: two lengths)
     return [max(1, int(seq * RAGGED[i % len(RAGGED)])) for i in range(n)]
 
 
@@ -755,7 +756,7 @@ def phase_first_call():
             at.prefill_attention(q, k, v, cu, cu, n, n, hw=HW)
             sync()
             res.setdefault("prefill_ms", []).append({"length": n, "ms": (time.perf_counter() - t) * 1e3})
-        for n in ((33, 700) if SMOKE else (5003, 20011)):
+        for n in ((33, 520) if SMOKE else (5003, 20011)):  # V1, and V2 past 512 tokens
             key_cache, value_cache, table, _, _ = paged_cache(2, n, Hkv, head_dim)
             sync()
             t = time.perf_counter()
@@ -847,7 +848,7 @@ def one_fp8_decode(name, head_dim, H, Hkv, batch, context, ragged):
     ok = check(f"{name} (bf16 cache)", out16, reference(key_cache, value_cache, 1.0)) and ok
     quant_err = rel_err(out8, out16.float())
     methods = {"fp8": fp8, "bf16": bf16}
-    if VLLM is not None and ok and (not SMOKE or head_dim == 128 and batch == 2):
+    if VLLM is not None and ok and (not SMOKE or head_dim == 128 and not ragged):
         try:
             peer = VLLM.VllmDecode(query, VLLM_KV_SPLITS, 1.0 / math.sqrt(head_dim))
 

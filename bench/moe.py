@@ -63,7 +63,10 @@ from generated.dispatch import target_name  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
-TOKENS = [1, 3, 16, 40, 600] if SMOKE else QUICK_TOKENS if ARGS.quick else [1, 4, 16, 64, 256, 1024, 4096, 8192]
+# The smoke run: one token count per bucket of h200 at the qwen36 stand-in's 32 intermediate columns
+# (decode_one, decode, small, medium, prefill), each the cheapest in the interpreter (the router runs
+# a program per token up to 64 tokens, and one per 64 tokens past that).
+TOKENS = [1, 2, 5, 65, 513] if SMOKE else QUICK_TOKENS if ARGS.quick else [1, 4, 16, 64, 256, 1024, 4096, 8192]
 if ARGS.tokens:
     TOKENS = ARGS.tokens
 # The smoke run's e128 stand-in (past 512 intermediate columns, the interpreter's slowest shape)
@@ -71,8 +74,8 @@ if ARGS.tokens:
 # the same code of this script.
 SMOKE_SKIP = {("e128", t) for t in TOKENS if t != 1}
 # The smoke run times the vLLM peer (slow in the interpreter) only here: its naive expert
-# assignment (T * k * 4 <= E) at one token, its aligned one at 16.
-SMOKE_PEER = {("qwen36", 1), ("qwen36", 16)}
+# assignment (T * k * 4 <= E) at one token, its aligned one at 5.
+SMOKE_PEER = {("qwen36", 1), ("qwen36", 5)}
 # ... and the decode step (the same code at every shape) at the qwen36 stand-in's one token only.
 SMOKE_STEP = {("qwen36", 1)}
 PREFILL = 16 if SMOKE else 4096  # T from which the cuBLAS comparison runs
