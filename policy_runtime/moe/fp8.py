@@ -30,6 +30,7 @@ from ..scaled_mm.constexprs import SCALE_BLOCK
 from .ops import (
     ACTIVATIONS,
     SUM_BLOCK,
+    KernelPair,
     act_and_mul,
     align,
     check_expert_map,
@@ -654,29 +655,8 @@ def _quantize(
 
 
 @dataclass(frozen=True)
-class Fp8Variant:
-    """One pair of specialized FP8 kernels of generated/moe.py and the constants they were
-    generated with (``up``: the first GEMM with the activation, ``down``: the second with the
-    routing weights)."""
-
-    up: Any
-    down: Any
-    kind: str
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_warps: int
-    num_stages: int
-    fuse_sum: bool
-    down_block_n: int
-    down_block_k: int
-    down_num_warps: int
-    down_num_stages: int
-
-    @property
-    def name(self) -> str:
-        return self.up.__name__.removesuffix("_up")
+class Fp8Variant(KernelPair):
+    """One pair of specialized FP8 kernels (moe_fp8_launch: grouped or simt) and how to run it."""
 
     def run(
         self,

@@ -580,9 +580,10 @@ def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, k, stride_lt, s
 KernelKind = Literal["grouped", "gemv", "simt"]
 
 @dataclass(frozen=True)
-class Variant:
-    """One pair of specialized kernels of generated/moe.py and the constants they were generated
-    with (``up``: the first GEMM with the activation, ``down``: the second with the weights)."""
+class KernelPair:
+    """What a pair of specialized MoE kernels of generated/moe.py was generated with, 16-bit and
+    FP8 alike (``up``: the first GEMM with the activation, ``down``: the second with the routing
+    weights): the record's tile fields, as ``kernel_name`` spells them into the pair's name."""
 
     up: Any
     down: Any
@@ -602,12 +603,18 @@ class Variant:
     # The down GEMM's pipelining depth (the spec's down_num_stages; the up GEMM's unless the record
     # says otherwise).
     down_num_stages: int
-    # simt: both GEMMs launched as programmatic dependent launches where the device has them.
-    chained: bool
 
     @property
     def name(self) -> str:
         return self.up.__name__.removesuffix("_up")
+
+
+@dataclass(frozen=True)
+class Variant(KernelPair):
+    """One pair of specialized 16-bit / fp32 kernels (moe_launch) and how to run it."""
+
+    # simt: both GEMMs launched as programmatic dependent launches where the device has them.
+    chained: bool
 
     def run(
         self,
