@@ -35,3 +35,11 @@ def zeros(*shape, dtype=torch.int64):
 def seeded():
     """Fresh random inputs per test, the same on every run."""
     torch.manual_seed(1234)
+
+
+def routing(T, E, k):
+    """Random MoE routing as topk_softmax(logits, k, True) gives it (float32 weights summing to 1,
+    int32 ids of k distinct experts), computed by torch on the CPU: kernel tests pay no router
+    launch in the interpreter (tests/test_moe.py tests the router itself against torch)."""
+    weights, ids = torch.softmax(torch.randn(T, E, dtype=torch.float64), dim=-1).topk(k, dim=-1)
+    return (weights / weights.sum(-1, keepdim=True)).float(), ids.to(torch.int32)

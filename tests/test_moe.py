@@ -20,7 +20,7 @@ import torch
 
 from generated import moe as M
 from generated.dispatch import HARDWARE, dispatch_kernel_config
-from kernel_cases import DEVICE, GPU, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
+from kernel_cases import DEVICE, GPU, routing, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
 from policy_runtime.moe import ops as rt
 
 TOL = {torch.float16: 3e-3, torch.float32: 2e-5, torch.bfloat16: 2e-2}
@@ -39,15 +39,6 @@ def dtypes_of(name):
     return [torch.float16] + ([torch.bfloat16] if GPU else [])
 
 
-def routing(T, E, k):
-    """Random routing as topk_softmax(logits, k, True) gives it (float32 weights summing to 1,
-    int32 ids of k distinct experts), computed by torch: the kernel tests pay no router launch in
-    the interpreter (the router is tested against torch below)."""
-    weights, ids = torch.softmax(torch.randn(T, E, dtype=torch.float64), dim=-1).topk(k, dim=-1)
-    weights = (weights / weights.sum(-1, keepdim=True)).float()
-    return weights.to(DEVICE), ids.to(torch.int32).to(DEVICE)
-
-
 def layer(T, k, E, dtype, *, ids=None, h=H, i=I):
     """Inputs of one MoE call: random activations and weights, random routing (``routing``)
     unless ``ids`` is given (then random weights)."""
@@ -55,7 +46,7 @@ def layer(T, k, E, dtype, *, ids=None, h=H, i=I):
     w1 = (torch.randn(E, 2 * i, h) / h**0.5).to(dtype).to(DEVICE)
     w2 = (torch.randn(E, h, i) / i**0.5).to(dtype).to(DEVICE)
     if ids is None:
-        weights, ids = routing(T, E, k)
+        weights, ids = (t.to(DEVICE) for t in routing(T, E, k))
     else:
         ids = ids.to(DEVICE)
         weights = torch.rand(T, k, device=DEVICE)

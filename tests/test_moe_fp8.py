@@ -31,7 +31,7 @@ import torch
 from generated import moe as M
 from generated import scaled_mm as smm
 from generated.dispatch import HARDWARE
-from kernel_cases import DEVICE, GPU, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
+from kernel_cases import DEVICE, GPU, routing, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
 from policy_runtime.moe import fp8 as rt
 
 FP8 = torch.float8_e4m3fn
@@ -141,14 +141,6 @@ def layer(T, E, k, H, I, dtype, block):
     w2q, w2s = quant_weights(w2, block)
     weights, ids = routing(T, E, k)
     return x, (w1, w2), (w1q, w1s, w2q, w2s), weights, ids
-
-
-def routing(T, E, k):
-    """Random routing as topk_softmax(logits, k, True) gives it (float32 weights summing to 1,
-    int32 ids of k distinct experts), computed by torch on the CPU: the tests pay no router
-    launch in the interpreter (tests/test_moe.py tests the router against torch)."""
-    weights, ids = torch.softmax(torch.randn(T, E, dtype=torch.float64), dim=-1).topk(k, dim=-1)
-    return (weights / weights.sum(-1, keepdim=True)).float(), ids.to(torch.int32)
 
 
 def to_device(*ts):
