@@ -52,7 +52,7 @@ def _parse():
     ap.add_argument(
         "--no-flex",
         action="store_true",
-        help="leave FlexAttention out (torch.compile recompiles it for every packed length: minutes a case)",
+        help="leave FlexAttention out (torch.compile recompiles it for new packed lengths: seconds a case)",
     )
     return ap.parse_args()
 
@@ -330,6 +330,11 @@ def phase_prefill():
     write_json()
 
 
+# Block masks are built eagerly (create_block_mask's _compile=False: the [tokens, tokens] mask is
+# materialized once, a few GB at 32k, outside the timing).  Compiled, the first one took most of
+# 233 s on the H200 (pytorch/pytorch#182060: torch.compile of create_block_mask has pathological
+# cold compiles at some lengths); eager, the three windowed cases' masks took 8.8 s (the first,
+# with CUDA's warm-up) and 0.02 s, and FlexAttention's own compile 2.8-4.5 s a case.
 _FLEX = []
 
 
@@ -357,7 +362,7 @@ def flex_method(q, k, v, lengths, causal):
         same = doc[qi] == doc[ki]
         return same & (qi >= ki) if causal else same
 
-    block_mask = create_block_mask(mask_mod, 1, None, total, total, device=DEV, _compile=not SMOKE)
+    block_mask = create_block_mask(mask_mod, 1, None, total, total, device=DEV, _compile=False)
     qf, kf, vf = (t.transpose(0, 1)[None] for t in (q, k, v))
     fa = flex_fn()
 
@@ -945,7 +950,7 @@ def flex_window(q, k, v, window, softcap):
     def score_mod(score, b, h, qi, ki):
         return softcap * torch.tanh(score / softcap)
 
-    block_mask = create_block_mask(mask_mod, 1, None, n, n, device=DEV, _compile=not SMOKE)
+    block_mask = create_block_mask(mask_mod, 1, None, n, n, device=DEV, _compile=False)
     qf, kf, vf = (t.transpose(0, 1)[None] for t in (q, k, v))
     fa = flex_fn()
     mod = score_mod if softcap > 0 else None
@@ -988,9 +993,14 @@ def one_window_prefill(label, D, H, Hkv, n, window, softcap):
         RES["peers"]["flex"] = "left out (--no-flex)"
     else:
         try:
+            t0 = time.perf_counter()
             fn = flex_window(q, k, v, window, softcap)
+            sync()
+            t1 = time.perf_counter()
             got = fn()[0].transpose(0, 1)
             sync()
+            row["flex_setup_s"] = {"block_mask": t1 - t0, "first_call": time.perf_counter() - t1}
+            log(f"{name}: flex block mask {t1 - t0:.1f} s, first call (compile) {row['flex_setup_s']['first_call']:.1f} s")
             # FlexAttention against the same reference rows and against ours over every row.
             if check(f"{name} (flex)", got[n - rows :], ref) and check(f"{name} (flex against ours)", got, out):
                 methods["flex"] = fn
