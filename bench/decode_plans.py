@@ -8,7 +8,8 @@ v2_min_programs and v2_max_partition in specs/kernels/attention.toml were chosen
 For each case (16-bit and fp8 caches, windows), the policy's plan and forced ones (V1; V2 in
 partitions of 256 to 2048 tokens), each checked against float32 on the same cache, then timed
 eager and replayed from a CUDA graph (policy_runtime/timing.py's gpu_ms), as a fraction of a
-device copy of as many bytes measured in the same run.  Forcing replaces
+device copy of as many bytes measured in the same run; a V2 plan's decode kernel also alone (its
+merge launch dropped: what the merge costs is the difference).  Forcing replaces
 policy_runtime.attention.ops.decode_plan for the call (the kernels are the policy's; the call caches are cleared between plans).
 """
 
@@ -32,6 +33,7 @@ import torch  # noqa: E402
 from generated import attention as at  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 from policy_runtime import call_cache  # noqa: E402
+from policy_runtime import launch as _launch  # noqa: E402
 from policy_runtime.attention import ops  # noqa: E402
 from policy_runtime.timing import captured, gpu_ms  # noqa: E402
 
@@ -57,6 +59,26 @@ def plan(S, Hkv, bound, cfg, lcfg):
 
 
 ops.decode_plan = plan
+
+
+def decode_only_ms(fn):
+    """GPU ms of fn's decode kernel alone, replayed from a CUDA graph: fn's launches of the V2
+    merge are dropped (its output is then not the attention: timing only), and the call caches
+    are cleared before and after, so that no recorded plan keeps the drop."""
+    real = _launch.launch_kernel
+
+    def launch(kernel, grid, *args, **kwargs):
+        if kernel is not ops._merge:
+            real(kernel, grid, *args, **kwargs)
+
+    _launch.launch_kernel = launch
+    call_cache.clear_all()
+    try:
+        graph = captured(fn)[0]
+    finally:
+        _launch.launch_kernel = real
+        call_cache.clear_all()
+    return gpu_ms(graph.replay, reps=60)
 
 
 def copy_frac(nbytes, ms):
@@ -118,6 +140,9 @@ def case(D, H, Hkv, batch, ctx, window, fp8):
             ms = gpu_ms(fn, reps=60)
             gms = gpu_ms(captured(fn)[0].replay, reps=60)
             line += f"  eager {ms * 1e3:7.1f} us ({copy_frac(nbytes, ms):.2f} of copy)  graph {gms * 1e3:7.1f} us ({copy_frac(nbytes, gms):.2f})"
+            if p[2] > 1:
+                dms = decode_only_ms(fn)
+                line += f"  decode kernel alone {dms * 1e3:7.1f} us ({copy_frac(nbytes, dms):.2f})"
         print(line, flush=True)
     FORCED[:] = []
 
