@@ -105,7 +105,9 @@ def _specializations(plan):
         for name, key in per_call:
             if name in at.KERNELS:
                 kernel = at.KERNELS[name].kernel
-                consts = {n: key[1][i] for i, n in enumerate(kernel.arg_names)}
+                # The launch key's arguments in signature order (a defaulted constant it did not
+                # pass, such as PDL off the GPU, is not in it).
+                consts = dict(zip(kernel.arg_names, key[1]))
                 flags = tuple(consts[f] == ("constexpr", "True") for f in ("WINDOW", "SOFTCAP", "ALIBI", "SINKS"))
                 seen.setdefault(call.covers[1], set()).add((call.covers[0], flags))
     return seen

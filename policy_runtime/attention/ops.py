@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import launch as _launch
 from ..call_cache import NO_PLAN, CallCache, args_key, lookup, tensor_key
@@ -286,7 +287,7 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
             svt, svh, sos, soh, win_len, softcap, alibi_ptr, sinks_ptr, k_scale, v_scale, HEAD_DIM: tl.constexpr,
             HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr, WINDOW: tl.constexpr,
             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr,
-            BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP8_VIA_F16: tl.constexpr):
+            BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP8_VIA_F16: tl.constexpr, PDL: tl.constexpr = False):
     # grid = (sequences, KV heads, partitions).  One program serves the `group` query heads of
     # one KV head (their rows padded to Q_ROWS for the tensor cores), so a KV tile is read once
     # per group.  A sequence's context is its last `span` tokens: all of them, or (WINDOW) the
@@ -299,6 +300,11 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
     # converted to the query's dtype after the load, k_scale folded into the logits scale and
     # v_scale into the output (before a V2 partial is stored: the merge is linear in it).
     # FP8_VIA_F16 (bf16 queries over an fp8 cache): the tiles become fp16, not bf16 (_fp16_query).
+    # PDL (Hopper and later): the merge, launched after this kernel as a programmatic dependent
+    # launch, may be scheduled as soon as every program here has started; it waits on the device
+    # for this kernel to finish before it reads.
+    if PDL:
+        gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -379,12 +385,15 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
 
 @triton.jit(do_not_specialize=["v1_limit", "torch_limit", "partition_size", "max_parts"])
 def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partition_size, max_parts, sos,
-           soh, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+           soh, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     # grid = (sequences, heads, cdiv(HEAD_DIM, BLOCK_D)): the log-sum-exp merge of a V2
     # sequence's partitions, BLOCK_D columns of one head a program.  With M the largest partition
     # max (base 2), partition p weighs l_p * 2^(m_p - M); the output is the weighted mean of the
     # partitions' normalised outputs.  Exact up to rounding.  sl_ptr: each sequence's context
-    # length (the decode kernel's span: a windowed call's lengths clamped to its window).
+    # length (the decode kernel's span: a windowed call's lengths clamped to its window).  PDL:
+    # launched as a programmatic dependent launch of the decode kernel, whose partials it waits for.
+    if PDL:
+        gdc_wait()
     seq = tl.program_id(0)
     head = tl.program_id(1)
     span = tl.load(sl_ptr + seq)
@@ -1083,6 +1092,11 @@ class Attention:
         ks, vs = scales if scales is not None else (dummy, dummy)
         # The merge reads each sequence's context length: a windowed call's lengths clamped.
         spans = seq_lens if win_len is None or parts == 1 else seq_lens.clamp(max=win_len)
+        # Hopper and later: the merge is a programmatic dependent launch, scheduled while the
+        # decode kernel's last programs run (V1 launches take the same PDL constant, so a class
+        # compiles one decode kernel whatever its split).
+        pdl = _launch.programmatic(query)
+        chain = {"PDL": True} if pdl else {}
 
         with _launch.on_device(query):
             _launch.launch_kernel(
@@ -1093,7 +1107,7 @@ class Attention:
                 win_len if win_len is not None else 0, feat.softcap, alibi, sink, ks, vs,
                 D, _tile_width(D), key_cache.shape[1], q_rows, win_len is not None, feat.softcap > 0.0,
                 feat.alibi is not None, feat.sinks is not None, scales is not None,
-                num_warps=kernel.num_warps, num_stages=kernel.num_stages,
+                num_warps=kernel.num_warps, num_stages=kernel.num_stages, **chain,
             )  # fmt: skip
             if parts > 1:
                 block_d = min(_tile_width(D), _MERGE_BLOCK_D)
@@ -1101,6 +1115,7 @@ class Attention:
                     _merge, (S, H, _launch.cdiv(D, block_d)),
                     out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
                     out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
+                    **({"PDL": True, "launch_pdl": True} if pdl else {}),
                 )  # fmt: skip
         # As _decode_hit names them: an object at most once (call_cache's commit).
         v2 = parts > 1
