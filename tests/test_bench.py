@@ -399,3 +399,13 @@ def test_decode_plans_and_moe_fp8_accuracy_smoke(bench, tmp_path):
     assert all(float(re.search(r"out err (\S+)", r).group(1)) < 1e-2 for r in rows)
     differs = [float(m) for m in re.findall(r"differs from that rounding in (\S+)%", out)]
     assert len(differs) == 1 and all(d < 1.0 for d in differs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a Hopper-class GPU")
+def test_decode_pdl_refuses_a_machine_without_pdl():
+    """bench/decode_pdl.py times programmatic dependent launches, which only NVIDIA GPUs of compute
+    capability 9.0 and later have: elsewhere it says so and exits 2, without a traceback."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "decode_pdl.py")], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc
+    assert "needs an NVIDIA GPU of compute capability 9.0" in proc.stderr and "Traceback" not in proc.stderr
