@@ -433,12 +433,8 @@ def test_each_models_dispatch_record_carries_exactly_the_features_it_uses():
     }
 
 
-def test_warm_up_compiles_the_specializations_each_models_features_select():
-    """A windowed model warms its global layers' kernels and its local layers' windowed ones; a
-    model without features only the plain ones (every flag off)."""
-    from policy_runtime.warmup import engine as W
-
-    plan = W.plan(["generated.attention"], TARGET, dtypes=["float16"])
+def specializations(plan) -> dict[str, set]:
+    """model -> {(op, (WINDOW, SOFTCAP, ALIBI, SINKS))} over a warm-up plan's attention kernels."""
     seen: dict[str, set] = {}
     for call, per_call in zip(plan.calls, plan.launches):
         for name, key in per_call:
@@ -447,8 +443,17 @@ def test_warm_up_compiles_the_specializations_each_models_features_select():
                 # The launch key's arguments in signature order (a defaulted constant it did not
                 # pass, such as PDL off the GPU, is not in it).
                 consts = dict(zip(kernel.arg_names, key[1]))
-                got = tuple(consts[f] == ("constexpr", "True") for f in ("WINDOW", "SOFTCAP", "ALIBI", "SINKS"))
-                seen.setdefault(call.covers[1], set()).add((call.covers[0], got))
+                flags = tuple(consts[f] == ("constexpr", "True") for f in ("WINDOW", "SOFTCAP", "ALIBI", "SINKS"))
+                seen.setdefault(call.covers[1], set()).add((call.covers[0], flags))
+    return seen
+
+
+def test_warm_up_compiles_the_specializations_each_models_features_select():
+    """A windowed model warms its global layers' kernels and its local layers' windowed ones; a
+    model without features only the plain ones (every flag off)."""
+    from policy_runtime.warmup import engine as W
+
+    seen = specializations(W.plan(["generated.attention"], TARGET, dtypes=["float16"]))
     # Each feature set also over a 16-bit paged cache, and over an fp8 KV cache where the target has e4m3fn.
     ops = ("prefill", "prefill paged", "decode") + (("prefill fp8 KV", "decode fp8 KV") if TARGET not in at.FP8_UNSERVED else ())
     both = lambda *sets: {(op, s) for op in ops for s in sets}  # noqa: E731

@@ -15,7 +15,7 @@ from generated import attention as at
 from generated import dispatch as D
 from kernel_cases import DEVICE, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
 from policy_runtime.attention import ops as rt
-from test_attention_features import attend_ref, i32, rnd
+from test_attention_features import attend_ref, i32, rnd, specializations
 
 ATT = at._ATTENTION
 OFF = dict(sliding_window=0, softcap=0.0, alibi=False, sinks=False)
@@ -98,21 +98,6 @@ def _recording(launch, into):
     return run
 
 
-def _specializations(plan):
-    # model -> {(op, (WINDOW, SOFTCAP, ALIBI, SINKS))} over the plan's attention kernels.
-    seen: dict[str, set] = {}
-    for call, per_call in zip(plan.calls, plan.launches):
-        for name, key in per_call:
-            if name in at.KERNELS:
-                kernel = at.KERNELS[name].kernel
-                # The launch key's arguments in signature order (a defaulted constant it did not
-                # pass, such as PDL off the GPU, is not in it).
-                consts = dict(zip(kernel.arg_names, key[1]))
-                flags = tuple(consts[f] == ("constexpr", "True") for f in ("WINDOW", "SOFTCAP", "ALIBI", "SINKS"))
-                seen.setdefault(call.covers[1], set()).add((call.covers[0], flags))
-    return seen
-
-
 def test_warm_up_compiles_the_specializations_the_records_enable(monkeypatch):
     """gemma2's record (window and soft-cap) warms its global layers' soft-capped kernels and its
     local layers' windowed ones; llama's (none) the plain ones only; a record that says ALiBi
@@ -121,7 +106,7 @@ def test_warm_up_compiles_the_specializations_the_records_enable(monkeypatch):
 
     def plan():
         models = ["gemma2_9b", "llama31_8b"]
-        return _specializations(W.plan(["generated.attention"], "h200", dtypes=["bfloat16"], models=models))
+        return specializations(W.plan(["generated.attention"], "h200", dtypes=["bfloat16"], models=models))
 
     # Prefill over a 16-bit paged cache too; h200 has e4m3fn: each feature set also over an fp8 KV cache.
     ops = ("prefill", "prefill paged", "decode", "prefill fp8 KV", "decode fp8 KV")
