@@ -26,7 +26,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import launch as _launch
-from ..call_cache import NO_PLAN, CallCache, args_key, grad_needed, lookup, step, tensor_key
+from ..call_cache import NO_PLAN, CallCache, args_key, grad_needed, lookup, new_like, step, template, tensor_key
 from ..lookup import PolicyTables
 
 # Activations of the up GEMM's gate half, as vLLM's fused_moe names them (act_and_mul's ACT).
@@ -968,8 +968,7 @@ def _route(
         x = gating_logits
         if bias is not None and bias.stride(0) != 1 and bias.shape[0] > 1:
             bias = bias.contiguous()
-        weights = torch.empty(plan.data, dtype=torch.float32, device=x.device)
-        ids = torch.empty(plan.data, dtype=torch.int32, device=x.device)
+        weights, ids = new_like(plan.data[0]), new_like(plan.data[1])
         with _launch.on_device(x):
             plan.launch((x, weights, ids, bias))
         return weights, ids
@@ -979,7 +978,7 @@ def _route(
         weights, ids = _route_full(op, gating_logits, k, renormalize, scoring, bias, groups, topk_group, scale,
                                    named := [])  # fmt: skip
     _ROUTE_CALLS.commit(rec, key, (gating_logits, weights, ids, named[0] if named else None),
-                        data=tuple(weights.shape))  # fmt: skip
+                        data=(template(weights), template(ids)))  # fmt: skip
     return weights, ids
 
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..call_cache import NO_PLAN, CallCache, arg_key, lookup, scalar_key, tensor_key
+from ..call_cache import NO_PLAN, CallCache, arg_key, lookup, new_like, scalar_key, template, tensor_key
 from ..launch import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -162,7 +162,7 @@ class TransformKernels:
         class seen before replays its plan)."""
         key, plan = lookup(_SILU_CALLS, x, lambda: (id(self), hw, tensor_key(x)))
         if plan is not None and plan is not NO_PLAN:
-            out = torch.empty(plan.data, dtype=x.dtype, device=x.device)
+            out = new_like(plan.data)
             with on_device(x):
                 plan.launch((x, out))
             return out
@@ -170,7 +170,7 @@ class TransformKernels:
             return self._silu_and_mul(x, hw=hw)
         with _SILU_CALLS.record() as rec:
             out = self._silu_and_mul(x, hw=hw)
-        _SILU_CALLS.commit(rec, key, (x, out), data=out.shape)
+        _SILU_CALLS.commit(rec, key, (x, out), data=template(out))
         return out
 
     def _silu_and_mul(self, x, *, hw=None):
