@@ -42,7 +42,7 @@ if GPU:
     # rounding boundary (tests/test_moe_fp8_gpu.py's GPU_TIGHT); dynamic scales: rescaled_bound.
     TIGHT = {dtype: 1.5e-2 for dtype in TIGHT}
 QUANT_BOUND = 0.08
-# The target whose policy the tests run (its decode bucket is simt, the others grouped).
+# The target whose policy the tests run (one token of narrow experts simt, the rest grouped).
 HW = "h200"
 
 
@@ -171,7 +171,7 @@ SCALINGS = ("tensor dynamic", "tensor static", "block")
 
 @pytest.mark.parametrize("T, scaling", [(T, s) for T in (1, 7, 33) for s in SCALINGS if (T, s) != (7, "tensor static")])
 def test_tight_against_dequantized(T, scaling):
-    """Through the h200 policy (T 1 its simt decode bucket, 7 and 33 grouped ones), fp16."""
+    """Through the h200 policy (T 1 of 128 columns its simt decode_one bucket, 7 and 33 grouped ones), fp16."""
     block = scaling == "block"
     E, k, H, I = 8, 2, 128, 128
     x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(T, E, k, H, I, torch.float16, block)
@@ -261,9 +261,12 @@ def test_policy_tables_and_unserved_targets():
     assert set(M.UNSERVED_FP8) | set(M._POLICIES_FP8["moe_fp8_launch_e4m3"]) == set(HARDWARE)
     assert set(M.UNSERVED_FP8.values()) == {"fp8_e4m3fn"}
     names = [b.name for b in M.buckets(hw=HW, dtype=FP8)]
-    assert names == ["decode_one", "decode", "small", "medium", "prefill"]
-    assert [M.select(t, 768, dtype=FP8, hw=HW).name for t in (1, 2, 4, 5)] == ["decode_one", "decode", "decode", "small"]
-    assert M.select(1, 768, dtype=FP8, hw=HW).variant.kind == "simt"
+    assert names == ["decode_one", "small", "medium", "prefill"]
+    assert [M.select(t, 768, dtype=FP8, hw=HW).name for t in (1, 2, 4, 5)] == ["decode_one", "small", "small", "small"]
+    # One token: simt up to 1024 intermediate columns, the grouped tiles past them.
+    assert [M.select(1, i, dtype=FP8, hw=HW).variant.kind for i in (768, 1024, 1025, 14336)] == [
+        "simt", "simt", "grouped", "grouped"
+    ]
     assert M.select(4096, 768, dtype=FP8, hw=HW).variant.kind == "grouped"
     assert M.select(1, 768, hw=HW).variant.kind != "grouped"  # the 16-bit tables are untouched
     x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(2, 4, 2, 128, 128, torch.float16, False)
