@@ -33,6 +33,7 @@ from generated import scaled_mm as smm
 from generated.dispatch import HARDWARE
 from kernel_cases import DEVICE, GPU, routing, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
 from policy_runtime.moe import fp8 as rt
+from policy_runtime.moe import tune
 
 FP8 = torch.float8_e4m3fn
 BLOCK = [128, 128]
@@ -202,6 +203,30 @@ def test_every_kernel_pair(index, name):
         assert rel(out, ref) < TIGHT[dtype], (name, T, block)
 
 
+@pytest.mark.parametrize("split", [2, 3])
+def test_down_gemm_split_k(split):
+    """A grouped record with its down GEMM's K split (down_split_k; the runs' fp32 partial rows
+    added by the reduce), as codegen tune builds it: one expert a token (no reduce without the
+    split), top-3 with expert parallelism, block scales on a K of three 128-column tiles (runs of
+    1-2 tiles, a run past the end with split 3 of 2 tiles) and per-tensor scales on a ragged K."""
+    record = dict(kernel="grouped", block_size_m=16, block_size_n=64, block_size_k=128, group_size_m=1,
+                  num_warps=4, num_stages=2, fuse_sum=False, down_block_size_n=64, down_block_size_k=128,
+                  down_num_warps=4, down_num_stages=2, down_split_k=split)  # fmt: skip
+    v = tune.fp8_variant(record)
+    assert v.down_split_k == split and v.down.consts["SPLIT_K"] == split
+    emap = torch.tensor([-1, 2, -1, 0, 3, -1, 1, -1], dtype=torch.int32)
+    for k, H, I, block, ep in ((1, 128, 384, True, False), (3, 128, 256, False, True), (2, 96, 176, False, False)):
+        x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(3, 8 if ep else 4, k, H, I, torch.float16, block)
+        if ep:
+            w1q, w1s, w2q, w2s = (t[[3, 6, 1, 4]].contiguous() for t in (w1q, w1s, w2q, w2s))
+        args = to_device(x, w1q, w2q, weights, ids, w1s, w2s, emap if ep else None)
+        out = M._MOE_FP8.fused_moe_fp8(*args[:5], w1_scale=args[5], w2_scale=args[6], expert_map=args[7],
+                                       block_shape=BLOCK if block else None, variant=v)  # fmt: skip
+        ref, ierr = reference(x, dequant_weights(w1q, w1s), dequant_weights(w2q, w2s), weights, ids, block=block,
+                              expert_map=emap if ep else None, intermediate_error=True)  # fmt: skip
+        assert rel(out, ref) < rescaled_bound(ierr, dynamic=True), (split, k, block, ep)
+
+
 @pytest.mark.parametrize("kind", ["simt", "grouped"])
 def test_ragged_dims_and_activations(kind):
     """Per-tensor scales on dims no tile divides (H 96, I 48: masked K steps), gelu and gpt-oss's
@@ -261,11 +286,14 @@ def test_policy_tables_and_unserved_targets():
     assert set(M.UNSERVED_FP8) | set(M._POLICIES_FP8["moe_fp8_launch_e4m3"]) == set(HARDWARE)
     assert set(M.UNSERVED_FP8.values()) == {"fp8_e4m3fn"}
     names = [b.name for b in M.buckets(hw=HW, dtype=FP8)]
-    assert names == ["decode_one", "small", "medium", "prefill"]
+    assert names == ["decode_one", "decode_wide", "small", "medium", "prefill"]
     assert [M.select(t, 768, dtype=FP8, hw=HW).name for t in (1, 2, 4, 5)] == ["decode_one", "small", "small", "small"]
-    # One token: simt up to 1024 intermediate columns, the grouped tiles past them.
-    assert [M.select(1, i, dtype=FP8, hw=HW).variant.kind for i in (768, 1024, 1025, 14336)] == [
-        "simt", "simt", "grouped", "grouped"
+    # One token: simt up to 1024 intermediate columns, the grouped tiles past them, with the down
+    # GEMM's K split past 4096 columns (up to 2 tokens).
+    picks = [M.select(t, i, dtype=FP8, hw=HW).variant for t, i in ((1, 768), (1, 1024), (1, 1025), (1, 4096), (1, 4097),
+                                                                     (2, 14336), (3, 14336))]  # fmt: skip
+    assert [(v.kind, v.down_split_k) for v in picks] == [
+        ("simt", 1), ("simt", 1), ("grouped", 1), ("grouped", 1), ("grouped", 4), ("grouped", 4), ("grouped", 1)
     ]
     assert M.select(4096, 768, dtype=FP8, hw=HW).variant.kind == "grouped"
     assert M.select(1, 768, hw=HW).variant.kind != "grouped"  # the 16-bit tables are untouched
@@ -332,7 +360,8 @@ def test_scale_on_another_device():
 def test_each_record_holds_the_constants_its_kernels_bake_in():
     fields = {"BLOCK_M": "block_m", "GROUP_M": "group_m", "FUSE_SUM": "fuse_sum"}
     tile = {"up": {"BLOCK_N": "block_n", "BLOCK_K": "block_k", "STAGES": "num_stages"},
-            "down": {"BLOCK_N": "down_block_n", "BLOCK_K": "down_block_k", "STAGES": "down_num_stages"}}  # fmt: skip
+            "down": {"BLOCK_N": "down_block_n", "BLOCK_K": "down_block_k", "STAGES": "down_num_stages",
+                     "SPLIT_K": "down_split_k"}}  # fmt: skip
     for name, v in M.VARIANTS_FP8.items():
         for part, kernel in (("up", v.up), ("down", v.down)):
             tree = ast.parse(inspect.getsource(kernel.fn))

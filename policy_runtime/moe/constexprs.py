@@ -49,7 +49,10 @@ def fp8_body_constants(record: Mapping[str, Any]) -> dict[str, tuple[str, dict[s
         rows = dict(BLOCK_M=record["block_size_m"])
         group = dict(GROUP_M=record["group_size_m"])
         up = dict(rows, **up_tile, **group, SCALE_BLOCK=SCALE_BLOCK)
-        down = dict(rows, **down_tile, **group, FUSE_SUM=record["fuse_sum"], SCALE_BLOCK=SCALE_BLOCK)
+        down = dict(
+            rows, **down_tile, **group, FUSE_SUM=record["fuse_sum"], SCALE_BLOCK=SCALE_BLOCK,
+            SPLIT_K=record["down_split_k"],
+        )  # fmt: skip
     else:  # simt: its loops' pipelining depth
         up = dict(up_tile, STAGES=record["num_stages"], SCALE_BLOCK=SCALE_BLOCK)
         down = dict(down_tile, STAGES=record["down_num_stages"], SCALE_BLOCK=SCALE_BLOCK)

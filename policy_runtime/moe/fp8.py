@@ -306,10 +306,14 @@ def fp8_grouped_down_body(
     GROUP_M: tl.constexpr,
     FUSE_SUM: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     # policy_runtime/moe/ops.py's grouped_down_body on e4m3 operands: weights[row] * (h[row] @ w[e].T) for
     # one aligned block, scaled as fp8_grouped_up_body (h's scale hs[0] or hs[row, kb]); FUSE_SUM adds
-    # it into out[row // k] (fp32, atomically), else writes out[row].
+    # it into out[row // k] (fp32, atomically), else writes out[row].  SPLIT_K > 1 (grid axis 1:
+    # the split) splits K's tiles into SPLIT_K runs, program s taking run s; without FUSE_SUM
+    # out is then fp32 partial rows, row * SPLIT_K + s (a token's k * SPLIT_K rows adjacent, for
+    # sum_rows), so few aligned blocks of a long K (one token of Mixtral's 14336) still fill the GPU.
     group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
     first_m = (tl.program_id(0) // group) * GROUP_M
     group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
@@ -328,7 +332,16 @@ def fp8_grouped_down_body(
         if SCALING == 1:
             hs_ptrs = hs_ptr + tok.to(tl.int64) * stride_hsm
             bs_ptrs = ws_ptr + expert * stride_wse + (cols // SCALE_BLOCK) * stride_wsn
-        for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        k_tiles = (K + BLOCK_K - 1) // BLOCK_K
+        kt_lo = 0
+        kt_hi = k_tiles
+        if SPLIT_K > 1:
+            per = (k_tiles + SPLIT_K - 1) // SPLIT_K
+            kt_lo = tl.program_id(1) * per
+            kt_hi = tl.minimum(kt_lo + per, k_tiles)
+            a_ptrs += kt_lo * BLOCK_K * stride_hk
+            b_ptrs += kt_lo * BLOCK_K * stride_wk
+        for kt in range(kt_lo, kt_hi):
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
                 b = tl.load(b_ptrs)
@@ -353,7 +366,10 @@ def fp8_grouped_down_body(
             o_ptrs = out_ptr + (tok // top_k).to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
             tl.atomic_add(o_ptrs, acc, mask=mask, sem="relaxed")
         else:
-            o_ptrs = out_ptr + tok.to(tl.int64)[:, None] * stride_om + offs_n[None, :] * stride_on
+            row = tok.to(tl.int64)
+            if SPLIT_K > 1:
+                row = row * SPLIT_K + tl.program_id(1)
+            o_ptrs = out_ptr + row[:, None] * stride_om + offs_n[None, :] * stride_on
             tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -658,6 +674,10 @@ def _quantize(
 class Fp8Variant(KernelPair):
     """One pair of specialized FP8 kernels (moe_fp8_launch: grouped or simt) and how to run it."""
 
+    # grouped: the down GEMM's K split in this many runs (the spec's down_split_k; its kernel's
+    # SPLIT_K), their fp32 partial rows added by the reduce.
+    down_split_k: int = 1
+
     def run(
         self,
         x: torch.Tensor,
@@ -740,7 +760,8 @@ class Fp8Variant(KernelPair):
         down_mid = (sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k, *h_q.stride(), *h_ss,
                     *w2.stride(), *scales.w2_strides)  # fmt: skip
         down_tail = (inter % self.down_block_k == 0, scales.scaling)
-        grid = (blocks * _launch.cdiv(H, self.down_block_n),)
+        split = self.down_split_k
+        grid = (blocks * _launch.cdiv(H, self.down_block_n), split)
         if self.fuse_sum:
             if out.dtype == torch.float32:
                 acc = out if compiling else step(torch.Tensor.zero_, out)
@@ -752,21 +773,23 @@ class Fp8Variant(KernelPair):
             if acc is not out and not compiling:
                 step(torch.Tensor.copy_, out, acc)
             return
-        # One expert a token: its weighted row is the token's output.  With expert parallelism the
-        # rows of other ranks' experts are never written: they start at zero.
-        if k == 1:
+        # One expert a token, K not split: its weighted row is the token's output.  With expert
+        # parallelism the rows of other ranks' experts are never written: they start at zero.
+        # Split K: fp32 partials, split rows of a routed row adjacent (the reduce adds k * split).
+        if k == 1 and split == 1:
             rows = step(torch.Tensor.zero_, out) if ep and not compiling else out
         else:
-            rows = step(torch.zeros if ep else torch.empty, (numel, H), dtype=x.dtype, device=dev)
+            rows_dtype = x.dtype if split == 1 else torch.float32
+            rows = step(torch.zeros if ep else torch.empty, (numel * split, H), dtype=rows_dtype, device=dev)
         _launch.launch_kernel(
             self.down, grid, *down_head, rows, weights, *down_mid, *rows.stride(), *down_tail, **down_opts
         )
-        if k > 1:
+        if rows is not out:
             block_n = min(SUM_BLOCK, _launch.pow2ceil(H))
             block_t = SUM_BLOCK // block_n
             _launch.launch_kernel(
                 sum_rows, (_launch.cdiv(T, block_t), _launch.cdiv(H, block_n)),
-                rows, out, T, H, k, rows.stride(0), out.stride(0), out.stride(1),
+                rows, out, T, H, k * split, rows.stride(0), out.stride(0), out.stride(1),
                 BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
             )  # fmt: skip
 

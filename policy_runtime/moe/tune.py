@@ -113,7 +113,9 @@ def fp8_variant(record: Mapping[str, Any]) -> Any:
         part: BoundKernel(getattr(_fp8, body), f"candidate{body}", constants)
         for part, (body, constants) in fp8_body_constants(record).items()
     }
-    return _fp8.Fp8Variant(up=kernels["up"], down=kernels["down"], **launch_fields(record))
+    return _fp8.Fp8Variant(
+        up=kernels["up"], down=kernels["down"], down_split_k=record["down_split_k"], **launch_fields(record)
+    )
 
 
 class MoEFp8Problem(MoEProblem):

@@ -26,7 +26,8 @@ def _down_differs(c: dict[str, Any]) -> bool:
 def kernel_name(tag: str, c: dict[str, Any]) -> str:
     """``_moe_16bit_grouped_16x64x64_g1_w4_s3_sum``: the kernels' constants, spelt out (the up and
     down kernels add ``_up`` and ``_down``); a down GEMM with its own tile adds
-    ``_down4x128_w4`` (and ``_s2`` where its pipelining depth is its own), chained launches ``_pdl``."""
+    ``_down4x128_w4`` (and ``_s2`` where its pipelining depth is its own), an FP8 down GEMM's K
+    split ``_split4``, chained launches ``_pdl``."""
     name = f"_moe_{tag}_{c['kernel']}_{c['block_size_m']}x{c['block_size_n']}x{c['block_size_k']}"
     name += f"_g{c['group_size_m']}_w{c['num_warps']}_s{c['num_stages']}"
     if c["fuse_sum"]:
@@ -35,6 +36,8 @@ def kernel_name(tag: str, c: dict[str, Any]) -> str:
         name += f"_down{c['down_block_size_n']}x{c['down_block_size_k']}_w{c['down_num_warps']}"
         if c["down_num_stages"] != c["num_stages"]:
             name += f"_s{c['down_num_stages']}"
+    if c.get("down_split_k", 1) != 1:
+        name += f"_split{c['down_split_k']}"
     if c["chained"]:
         name += "_pdl"
     return name
@@ -65,6 +68,8 @@ def kernel_summary(c: dict[str, Any]) -> str:
         parts.append(f"{c['down_num_warps']} warps in the down GEMM")
     if c["down_num_stages"] != c["num_stages"]:
         parts.append(f"{c['down_num_stages']} stage{'s' if c['down_num_stages'] > 1 else ''} in the down GEMM")
+    if c.get("down_split_k", 1) != 1:
+        parts.append(f"the down GEMM's K in {c['down_split_k']} runs")
     if c["chained"]:
         parts.append("chained by programmatic dependent launch")
     if c["kernel"] == "grouped":
