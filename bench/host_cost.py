@@ -244,6 +244,22 @@ def entries() -> dict:
     e["fused_moe"] = lambda: MOE.fused_moe(mx, w1, w2, weights, ids, out=mout, hw=HW)
     ids16 = torch.randint(0, E, (16, topk), device=DEV, dtype=torch.int32)
     e["moe_align_block_size"] = lambda: MOE.moe_align_block_size(ids16, 16, E)
+    if HW not in MOE.UNSERVED_FP8:
+        # w8a8 FP8 on one token (the activations quantized in the call): 128-block and per-tensor
+        # scales; one 128-wide block of H and I (the block scales' least).
+        fH = fI = 128
+        fp8 = torch.float8_e4m3fn
+        f1 = rnd(E, 2 * fI, fH, dtype=torch.float32).to(fp8)
+        f2 = rnd(E, fH, fI, dtype=torch.float32).to(fp8)
+        fx, ones = rnd(1, fH), lambda *shape: torch.ones(*shape, device=DEV)
+        fout = torch.empty_like(fx)
+        b1, b2, s1, s2 = ones(E, 2, 1), ones(E, 1, 1), ones(E), ones(E)
+        e["fused_moe_fp8 (block)"] = lambda: MOE.fused_moe_fp8(
+            fx, f1, f2, weights, ids, w1_scale=b1, w2_scale=b2, block_shape=[128, 128], out=fout, hw=HW
+        )
+        e["fused_moe_fp8 (tensor)"] = lambda: MOE.fused_moe_fp8(
+            fx, f1, f2, weights, ids, w1_scale=s1, w2_scale=s2, out=fout, hw=HW
+        )
     if ARGS.only:
         unknown = set(ARGS.only) - set(e)
         if unknown:

@@ -12,7 +12,7 @@ from conftest import REPO
 ENTRIES = {
     "matmul_triton", "matmul", "rms_norm", "rms_norm (residual)", "silu_and_mul", "rotary_embedding",
     "reshape_and_cache", "copy_blocks", "prefill_attention", "decode_attention", "topk_softmax", "fused_moe",
-    "moe_align_block_size",
+    "moe_align_block_size", "fused_moe_fp8 (block)", "fused_moe_fp8 (tensor)",
 }  # fmt: skip
 
 
@@ -37,6 +37,8 @@ def test_every_entry_point_is_measured_against_its_bare_launches(tmp_path):
         assert r["launches"] >= 1 and len(r["kernels"]) == r["launches"], r
         assert r["eager_us"] > 0 and r["bare_us"] > 0 and "within_limit" in r
     assert rows["fused_moe"]["launches"] >= 2  # up and down GEMMs
+    for scaling in ("block", "tensor"):  # two quantizations, up and down GEMMs (h200: one token is simt)
+        assert rows[f"fused_moe_fp8 ({scaling})"]["launches"] >= 4
     m = res["matmul_eager"]
     assert m["matmul_triton_us"] > 0 and m["torch.matmul_us"] > 0 and m["bare_us"] > 0
     assert "| entry point | launches |" in out
