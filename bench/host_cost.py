@@ -63,6 +63,7 @@ from generated import attention as AT  # noqa: E402
 from generated import cache as C  # noqa: E402
 from generated import matmul as MM  # noqa: E402
 from generated import moe as MOE  # noqa: E402
+from generated import scaled_mm as SMM  # noqa: E402
 from generated import transform as TR  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 
@@ -208,6 +209,9 @@ def entries() -> dict:
     e["rms_norm (residual)"] = lambda: TR.rms_norm(x, w, 1e-6, residual=res, hw=HW)
     gu = rnd(4, 512)
     e["silu_and_mul"] = lambda: TR.silu_and_mul(gu, hw=HW)
+    e["gelu_tanh_and_mul"] = lambda: TR.gelu_tanh_and_mul(gu, hw=HW)
+    e["swigluoai_and_mul"] = lambda: TR.swigluoai_and_mul(gu, hw=HW)
+    e["mul_and_silu"] = lambda: TR.mul_and_silu(gu, hw=HW)
     H, KH, hs = 4, 2, 64
     pos = torch.arange(4, device=DEV)
     q, k = rnd(4, H * hs), rnd(4, KH * hs)
@@ -222,6 +226,8 @@ def entries() -> dict:
     kcs, vcs = [rnd(nb, bs, KH, hs) for _ in range(2)], [rnd(nb, bs, KH, hs) for _ in range(2)]
     mapping = torch.tensor([[0, 4], [1, 5]], device=DEV, dtype=torch.int64)
     e["copy_blocks"] = lambda: C.copy_blocks(kcs, vcs, mapping, hw=HW)
+    swap_map = torch.tensor([[0, 3], [2, 5]], dtype=torch.int64)  # on the CPU, as vLLM's
+    e["swap_blocks"] = lambda: C.swap_blocks(kcs[0], kcs[1], swap_map)
 
     n = 8
     pq, pk, pv = rnd(n, H, hs), rnd(n, KH, hs), rnd(n, KH, hs)
@@ -242,6 +248,10 @@ def entries() -> dict:
     mout = torch.empty_like(mx)
     e["topk_softmax"] = lambda: MOE.topk_softmax(logits, topk, True)
     e["fused_moe"] = lambda: MOE.fused_moe(mx, w1, w2, weights, ids, out=mout, hw=HW)
+    bias = torch.randn(E, device=DEV)
+    e["grouped_topk"] = lambda: MOE.grouped_topk(
+        logits, topk, True, scoring_func="sigmoid", e_score_correction_bias=bias, num_expert_group=2, topk_group=1
+    )
     ids16 = torch.randint(0, E, (16, topk), device=DEV, dtype=torch.int32)
     e["moe_align_block_size"] = lambda: MOE.moe_align_block_size(ids16, 16, E)
     if HW not in MOE.UNSERVED_FP8:
@@ -260,6 +270,16 @@ def entries() -> dict:
         e["fused_moe_fp8 (tensor)"] = lambda: MOE.fused_moe_fp8(
             fx, f1, f2, weights, ids, w1_scale=s1, w2_scale=s2, out=fout, hw=HW
         )
+    if HW not in SMM.UNSERVED:
+        # FP8 matmul, 128 x 128 x 256 (two 128-deep scale blocks, so block scales are not read as
+        # per-row ones): per-tensor and 128-block scales; b a transposed view, as cuBLASLt takes it.
+        fp8 = torch.float8_e4m3fn
+        sa_, sb_ = rnd(128, 256, dtype=torch.float32).to(fp8), rnd(128, 256, dtype=torch.float32).to(fp8).t()
+        smm_out = torch.empty(128, 128, device=DEV, dtype=DT)
+        one = torch.ones((), device=DEV)
+        ba, bb = torch.ones(128, 2, device=DEV), torch.ones(2, 1, device=DEV)
+        e["scaled_mm (tensor)"] = lambda: SMM.scaled_mm(sa_, sb_, one, one, out_dtype=DT, out=smm_out, hw=HW)
+        e["scaled_mm (block)"] = lambda: SMM.scaled_mm(sa_, sb_, ba, bb, out_dtype=DT, out=smm_out, hw=HW)
     if ARGS.only:
         unknown = set(ARGS.only) - set(e)
         if unknown:

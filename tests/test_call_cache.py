@@ -10,6 +10,7 @@ import torch
 
 from generated import cache as C
 from generated import matmul as MM
+from generated import scaled_mm as SMM
 from generated import transform as TR
 from policy_runtime import call_cache, direct, launch
 
@@ -235,6 +236,40 @@ def test_silu_and_mul_hits_and_misses(recorded):
         check(fn, args, ref, recorded, "silu_and_mul", miss=False, tol=1e-5)
 
 
+def act_ref(op, x, alpha=1.702, limit=7.0):
+    xd = x.double()
+    d = x.shape[-1] // 2
+    if op == "swigluoai_and_mul":
+        g, u = xd[..., 0::2].clamp(max=limit), xd[..., 1::2].clamp(-limit, limit)
+        return g * torch.sigmoid(alpha * g) * (u + 1)
+    a, b = xd[..., :d], xd[..., d:]
+    if op == "mul_and_silu":
+        return a * b * torch.sigmoid(b)
+    return torch.nn.functional.gelu(a, approximate="tanh") * b
+
+
+@pytest.mark.parametrize("op", ["gelu_tanh_and_mul", "swigluoai_and_mul", "mul_and_silu"])
+def test_other_activations_hit_and_miss(recorded, op):
+    fn = lambda x, hw="h200", **kw: getattr(TR, op)(x, hw=hw, **kw)  # noqa: E731
+    ref = lambda x, hw="h200", **kw: act_ref(op, x, **kw)  # noqa: E731
+    check(fn, (view((3, 64)),), ref, recorded, "act_and_mul", miss=True, tol=1e-5)
+    check(fn, (view((3, 64), seed=1),), ref, recorded, "act_and_mul", miss=False, tol=1e-5)
+    for args in ((view((3, 72))[:, 4:68],), (view((2, 3, 64)),), (view((3, 64)), "a10")):
+        check(fn, args, ref, recorded, "act_and_mul", miss=True, tol=1e-5)
+        check(fn, args, ref, recorded, "act_and_mul", miss=False, tol=1e-5)
+    if op == "swigluoai_and_mul":  # alpha and limit: their values are in the launch, so in the key
+        x = view((3, 64), seed=2) * 4
+        for kw in ({"alpha": 1.0}, {"limit": 2.5}, {"alpha": 1.0, "limit": 2.5}):
+            before = len(recorded)
+            got = fn(x, **kw)
+            assert recorded[before:] == ["act_and_mul"]  # a miss: never the default values' plan
+            torch.testing.assert_close(got.double(), act_ref(op, x, **kw), rtol=1e-5, atol=1e-5)
+    # The three activations share one cache, never one plan.
+    for other in ("gelu_tanh_and_mul", "swigluoai_and_mul", "mul_and_silu"):
+        x = view((3, 64), seed=3)
+        torch.testing.assert_close(getattr(TR, other)(x, hw="h200").double(), act_ref(other, x), rtol=1e-5, atol=1e-5)
+
+
 def rope_ref(pos, q, k, cs, hs, neox):
     def rot(t):
         t = t.double().reshape(t.shape[0], -1, hs).clone()
@@ -290,8 +325,15 @@ def test_reshape_and_cache_hits_and_misses(recorded):
     slots = torch.tensor([0, 3, 5])
     check(fn, (view((3, 2, 8)), view((3, 2, 8), seed=1), slots), ref, recorded, "reshape_and_cache", miss=True, tol=0)
     # Another slot mapping (contents are never read on the host): a hit, written where it says.
-    check(fn, (view((3, 2, 8), seed=2), view((3, 2, 8), seed=3), torch.tensor([7, 1, 2])), ref, recorded,
-          "reshape_and_cache", miss=False, tol=0)
+    check(
+        fn,
+        (view((3, 2, 8), seed=2), view((3, 2, 8), seed=3), torch.tensor([7, 1, 2])),
+        ref,
+        recorded,
+        "reshape_and_cache",
+        miss=False,
+        tol=0,
+    )
     for args in (
         (view((3, 2, 8), offset=1), view((3, 2, 8)), slots),  # misaligned key
         (view((3, 2, 16))[:, :, :8], view((3, 2, 8)), slots),  # strided heads
@@ -378,6 +420,105 @@ def test_copy_blocks_bad_calls_raise_as_without_the_cache():
             errors.append((type(e.value), str(e.value)))
         assert errors[0] == errors[1]
     assert call_cache.sizes()["copy_blocks"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# scaled_mm (FP8): the scales are part of the class (their shapes choose the scaling)
+
+FP8 = torch.float8_e4m3fn
+
+
+def fp8_problem(M, N, K, seed=0):
+    # a (M, K) and b (K, N) as e4m3 (b the transposed view of a row-major weight), values exact in
+    # e4m3 so the float64 reference multiplies what the kernel does.
+    a = view((M, K), seed=seed).clamp(-8, 8).to(FP8)
+    b = view((N, K), seed=seed + 1).clamp(-8, 8).to(FP8).t()
+    return a, b
+
+
+def fp8_scales(M, N, K, scaling, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"tensor": ((), ()), "rowwise": ((M, 1), (1, N)), "block": ((M, K // 128), (K // 128, N // 128))}
+    sa, sb = shapes[scaling]
+    return torch.rand(sa, generator=g) + 0.5, torch.rand(sb, generator=g) + 0.5
+
+
+def smm_ref(a, b, sa, sb, out_dtype=torch.float32):
+    # float64 C of the dequantized inputs, each scale broadcast over its block.
+    def full(s, rows, cols, block_rows):
+        s = s.double()
+        if s.dim() == 2 and s.shape not in ((rows, 1), (1, cols)):
+            s = s.repeat_interleave(block_rows, 0).repeat_interleave(128, 1)[:rows, :cols]
+        return s
+
+    M, K = a.shape
+    N = b.shape[1]
+    return (a.double() * full(sa, M, K, 1)) @ (b.double() * full(sb, K, N, 128))
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "rowwise", "block"])
+def test_scaled_mm_hits_and_misses(recorded, scaling):
+    fn = lambda a, b, sa, sb, hw="h200": SMM.scaled_mm(a, b, sa, sb, out_dtype=torch.float32, hw=hw)  # noqa: E731
+    M, N, K = 5, 128, 256
+    args = (*fp8_problem(M, N, K), *fp8_scales(M, N, K, scaling))
+    check(fn, args, smm_ref, recorded, "scaled_mm", miss=True, tol=1e-4)
+    # New data (and new scale values) of the same class: a hit.
+    check(fn, (*fp8_problem(M, N, K, 2), *fp8_scales(M, N, K, scaling, 3)), smm_ref, recorded, "scaled_mm",
+          miss=False, tol=1e-4)  # fmt: skip
+    assert call_cache.sizes()["scaled_mm"] == 1
+    a, b, sa, sb = args
+    for other in (
+        (fp8_problem(3, N, K)[0], b, *fp8_scales(3, N, K, scaling)),  # another M
+        (a, b.contiguous(), sa, sb),  # row-major b: another stride
+        (a, b, sa, sb, "h100"),  # another target
+    ):
+        check(fn, other, smm_ref, recorded, "scaled_mm", miss=True, tol=1e-4)
+        check(fn, other, smm_ref, recorded, "scaled_mm", miss=False, tol=1e-4)
+    assert call_cache.sizes()["scaled_mm"] == 4
+
+
+def test_scaled_mm_scales_of_another_shape_or_one_tensor_for_both(recorded):
+    fn = lambda a, b, sa, sb: SMM.scaled_mm(a, b, sa, sb, out_dtype=torch.float32, hw="h200")  # noqa: E731
+    M, N, K = 4, 128, 256
+    a, b = fp8_problem(M, N, K)
+    sa, sb = fp8_scales(M, N, K, "tensor")
+    check(fn, (a, b, sa, sb), smm_ref, recorded, "scaled_mm", miss=True, tol=1e-4)
+    # Per-row/column scales after per-tensor ones: another class, never the tensor plan.
+    check(fn, (a, b, *fp8_scales(M, N, K, "rowwise")), smm_ref, recorded, "scaled_mm", miss=True, tol=1e-4)
+    # One tensor as both scales: a class of its own, planned (no recording on the second call) ...
+    one = torch.tensor(0.75)
+    check(fn, (a, b, one, one), smm_ref, recorded, "scaled_mm", miss=True, tol=1e-4)
+    check(fn, (a, b, one, one), smm_ref, recorded, "scaled_mm", miss=False, tol=1e-4)
+    # ... and two tensors after it take their own plan, each scale read from its own place.
+    check(fn, (a, b, torch.tensor(0.5), torch.tensor(2.0)), smm_ref, recorded, "scaled_mm", miss=False, tol=1e-4)
+    assert call_cache.sizes()["scaled_mm"] == 3
+
+
+def test_scaled_mm_into_out_and_bad_calls_raise_as_without_the_cache(recorded):
+    M, N, K = 4, 128, 256
+    a, b = fp8_problem(M, N, K)
+    sa, sb = fp8_scales(M, N, K, "rowwise")
+    out = torch.empty(M, N, dtype=torch.float16)
+    for _ in range(2):
+        got = SMM.scaled_mm(a, b, sa, sb, out_dtype=torch.float16, out=out, hw="h200")
+        assert got is out
+        torch.testing.assert_close(out.double(), smm_ref(a, b, sa, sb), rtol=2e-3, atol=2e-3)
+    assert recorded == ["scaled_mm"]
+    bad = (
+        (a, b, sa[:3], sb, torch.float16, None),  # scale_a's shape
+        (a, b, sa.double(), sb, torch.float16, None),  # scale_a's dtype
+        (a, b, sa, sb, torch.float16, torch.empty(M, N + 1, dtype=torch.float16)),  # out's shape
+        (a, b, sa, sb, torch.float32, out),  # out's dtype against out_dtype
+        (a, b[:128], sa, sb, torch.float16, None),  # inner dimensions
+    )
+    for a_, b_, sa_, sb_, dt, o in bad:
+        errors = []
+        for on in (True, False):
+            with direct.enabled(on), pytest.raises((ValueError, TypeError)) as e:
+                SMM.scaled_mm(a_, b_, sa_, sb_, out_dtype=dt, out=o, hw="h200")
+            errors.append((type(e.value), str(e.value)))
+        assert errors[0] == errors[1]
+    assert call_cache.sizes()["scaled_mm"] == 1
 
 
 # ---------------------------------------------------------------------------------------------

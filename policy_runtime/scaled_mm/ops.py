@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import call_cache as _call_cache
 from .. import launch as _launch
 from ..lookup import PolicyTables
 from .constexprs import SCALE_BLOCK
@@ -281,6 +282,10 @@ def check_call(op: str, a: Any, b: Any, out: Any, out_dtype: Any) -> tuple[int, 
 # The entry point over the generated module's tables.
 
 
+# Plans of scaled_mm calls, by argument class (keyed with the ScaledMm object).
+_CALLS = _call_cache.CallCache("scaled_mm")
+
+
 @dataclass(frozen=True)
 class ScaledMm(PolicyTables):
     """scaled_mm, buckets and select of generated/scaled_mm.py, over its tables (each served
@@ -313,7 +318,50 @@ class ScaledMm(PolicyTables):
         return self.policy(self.variant(block_scales), hw, device)[1](M, N, K)
 
     def run(self, a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any, out: Any, hw: Any) -> torch.Tensor:
-        """C = (A * scale_a) @ (B * scale_b) into out (or a new tensor) by the bucket's kernel."""
+        """C = (A * scale_a) @ (B * scale_b) into out (or a new tensor) by the bucket's kernel.  A
+        call of an argument class seen before (shapes, strides, dtypes, alignment of a, b, the
+        scales and out) replays its launch (call_cache.py): the checks and the bucket's choice
+        depend on nothing else."""
+        tk = _call_cache.tensor_key
+        key, plan = _call_cache.lookup(
+            _CALLS,
+            a,
+            lambda: (
+                id(self),
+                hw,
+                out_dtype,
+                tk(a),
+                tk(b),
+                tk(scale_a),
+                tk(scale_b),
+                None if out is None else tk(out),
+                scale_a is scale_b,
+            ),
+        )
+        if key is None:  # off, or not tensors / an unhashable hw: the full path's checks
+            return self._run(a, b, scale_a, scale_b, out_dtype, out, hw)
+        if plan is not None and plan is not _call_cache.NO_PLAN:
+            given = out is not None
+            if out is None:
+                out = torch.empty(plan.data, dtype=out_dtype, device=a.device)
+            with _launch.on_device(a):
+                plan.launch((a, b, scale_a, scale_b, out))
+            if given:
+                torch.autograd.graph.increment_version(out)
+            return out
+        if plan is not None or _call_cache.grad_needed(a, b, scale_a, scale_b, out):
+            return self._run(a, b, scale_a, scale_b, out_dtype, out, hw)
+        with _CALLS.record() as rec:
+            result = self._run(a, b, scale_a, scale_b, out_dtype, out, hw)
+        # One tensor as both scales (one per-tensor value, say) is a class of its own (the key says
+        # so): its plan reads scale_a's place for both.
+        _CALLS.commit(
+            rec, key, (a, b, scale_a, None if scale_b is scale_a else scale_b, result), data=tuple(result.shape)
+        )
+        return result
+
+    def _run(self, a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any, out: Any, hw: Any) -> torch.Tensor:
+        # The full path of a call: checks, scaling, bucket, launch.
         op = "scaled_mm"
         M, N, K = check_call(op, a, b, out, out_dtype)
         scales = check_scales(op, a, b, scale_a, scale_b)

@@ -50,6 +50,26 @@ _CONTIGUOUS = torch.contiguous_format
 # Plans of the entry points' calls by argument class (keyed with the TransformKernels object).
 _RMS_CALLS = CallCache("rms_norm")
 _SILU_CALLS = CallCache("silu_and_mul")
+_ACT_CALLS = CallCache("act_and_mul")
+
+
+def _one_output(cache: CallCache, x: torch.Tensor, parts: Any, full: Any) -> torch.Tensor:
+    """An entry point of one input x and one new output: a call whose key (``parts()``) has a
+    plan replays it into a new tensor like the recorded output; a miss runs ``full()`` recorded."""
+    key, plan = lookup(cache, x, parts)
+    if plan is not None and plan is not NO_PLAN:
+        out = new_like(plan.data)
+        with on_device(x):
+            plan.launch((x, out))
+        return out
+    if key is None or plan is NO_PLAN:
+        return full()
+    with cache.record() as rec:
+        out = full()
+    cache.commit(rec, key, (x, out), data=template(out))
+    return out
+
+
 _ROPE_CALLS = CallCache("rotary_embedding")
 
 
@@ -160,18 +180,7 @@ class TransformKernels:
     def silu_and_mul(self, x, *, hw=None):
         """x [..., 2d] -> ``silu(x[..., :d]) * x[..., d:]``, a new [..., d] tensor (a call of a
         class seen before replays its plan)."""
-        key, plan = lookup(_SILU_CALLS, x, lambda: (id(self), hw, tensor_key(x)))
-        if plan is not None and plan is not NO_PLAN:
-            out = new_like(plan.data)
-            with on_device(x):
-                plan.launch((x, out))
-            return out
-        if key is None or plan is NO_PLAN:
-            return self._silu_and_mul(x, hw=hw)
-        with _SILU_CALLS.record() as rec:
-            out = self._silu_and_mul(x, hw=hw)
-        _SILU_CALLS.commit(rec, key, (x, out), data=template(out))
-        return out
+        return _one_output(_SILU_CALLS, x, lambda: (id(self), hw, tensor_key(x)), lambda: self._silu_and_mul(x, hw=hw))
 
     def _silu_and_mul(self, x, *, hw=None):
         op = "silu_and_mul"
@@ -197,7 +206,16 @@ class TransformKernels:
     def act_and_mul(self, op, x, *, alpha=1.702, limit=7.0, hw=None):
         """gelu_tanh_and_mul, swigluoai_and_mul or mul_and_silu (``op``): x [..., 2d] -> a new
         [..., d] tensor; one kernel, the activation a constexpr (``ACTS``), on silu_and_mul's
-        launch records (the same bytes a program)."""
+        launch records (the same bytes a program).  A call of a class seen before (the op, x's
+        class, the target, alpha's and limit's values: its launch takes them) replays its plan."""
+        return _one_output(
+            _ACT_CALLS,
+            x,
+            lambda: (id(self), op, hw, tensor_key(x), scalar_key(alpha), scalar_key(limit)),
+            lambda: self._act_and_mul(op, x, alpha=alpha, limit=limit, hw=hw),
+        )
+
+    def _act_and_mul(self, op, x, *, alpha, limit, hw):
         act = ACTS[op]
         check_float(op, "x", x)
         if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % 2:
@@ -229,8 +247,14 @@ class TransformKernels:
             _ROPE_CALLS,
             query,
             lambda: (
-                id(self), hw, scalar_key(head_size), scalar_key(is_neox), tensor_key(positions), tensor_key(query),
-                arg_key(key), tensor_key(cos_sin_cache),
+                id(self),
+                hw,
+                scalar_key(head_size),
+                scalar_key(is_neox),
+                tensor_key(positions),
+                tensor_key(query),
+                arg_key(key),
+                tensor_key(cos_sin_cache),
             ),
         )
         if plan is not None and plan is not NO_PLAN:
