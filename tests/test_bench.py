@@ -67,9 +67,7 @@ def isolated(argv):
 
     saved_argv, saved_path, saved_env = sys.argv[:], sys.path[:], dict(os.environ)
     modules = set(sys.modules)
-    owned = {
-        name: dict(vars(m)) for name, m in list(sys.modules.items()) if name.split(".")[0] in _OWN_MODULES
-    }
+    owned = {name: dict(vars(m)) for name, m in list(sys.modules.items()) if name.split(".")[0] in _OWN_MODULES}
     threads, interop = torch.get_num_threads(), torch.get_num_interop_threads()
     dtype, grad, rng = torch.get_default_dtype(), torch.is_grad_enabled(), torch.random.get_rng_state()
     dynamo = sys.modules.get("torch._dynamo")
@@ -273,9 +271,7 @@ def test_moe_bench_smoke(bench, tmp_path):
     result = json.loads((tmp_path / "moe.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
     cases = result["cases"]
-    assert sorted({(c["shape"], c["T"]) for c in cases}) == [("e128", 1)] + [
-        ("qwen36", t) for t in (1, 2, 5, 65, 513)
-    ]
+    assert sorted({(c["shape"], c["T"]) for c in cases}) == [("e128", 1)] + [("qwen36", t) for t in (1, 2, 5, 65, 513)]
     assert {c["bucket"] for c in cases} == {"decode_one", "decode_one_wide", "decode", "small", "medium", "prefill"}
     assert {c["shape"] for c in cases if c["bucket"] == "decode_one_wide"} == {"e128"}
     for c in cases:
@@ -343,8 +339,21 @@ def test_scaled_mm_bench_smoke(bench, tmp_path):
     assert result["errors"] == [] and len(result["rows"]) == 2
     for row in result["rows"]:
         assert set(row["ms"]) == {
-            "ours tensor", "_scaled_mm tensor", "ours rowwise", "_scaled_mm rowwise", "ours block", "bf16 matmul"
+            "ours tensor",
+            "_scaled_mm tensor",
+            "ours rowwise",
+            "_scaled_mm rowwise",
+            "ours block",
+            "bf16 matmul",
         }
+
+
+def test_scaled_mm_block_variants_smoke(bench):
+    """Every block-scaling variant the H200 sweep times (bench/scaled_mm_block_variants.py) gives
+    the fp32 result of the dequantized inputs in the interpreter (the script asserts 1e-5)."""
+    out = bench("scaled_mm_block_variants.py")
+    rows = [line for line in out.splitlines() if ": rel err " in line]
+    assert len(rows) == 12 and all(float(r.rsplit(" ", 1)[1]) < 1e-5 for r in rows), out
 
 
 def test_moe_fp8_bench_smoke(bench, tmp_path):

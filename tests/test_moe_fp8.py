@@ -242,6 +242,30 @@ def test_ragged_dims_and_activations(kind):
         assert rel(out, ref) < rescaled_bound(ierr, dynamic=True), (H, I, block, act, ierr)
 
 
+GROUPED_TILE_WIDTHS = sorted({v.block_n for v in M.VARIANTS_FP8.values() if v.kind == "grouped"})
+
+
+@pytest.mark.parametrize("block_n", GROUPED_TILE_WIDTHS)
+@pytest.mark.parametrize("act", ["silu", "swigluoai"])
+def test_block_scales_of_each_column_block(block_n, act):
+    """Weight scales that differ by up to 16x from one 128x128 block to the next (H 256, I 384: 2
+    and 3 column blocks, gate and up halves, or interleaved for swigluoai): a tile that read
+    another block's scale (the kernels take one scale a K step for tiles at most a block wide)
+    would be off by that factor.  Every grouped tile width of the generated pairs."""
+    v = next(v for v in M.VARIANTS_FP8.values() if v.kind == "grouped" and v.block_n == block_n)
+    T, E, k, H, I = 5, 4, 2, 256, 384
+    x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(T, E, k, H, I, torch.float16, True)
+    g = torch.Generator().manual_seed(7)
+    w1s = w1s * 2.0 ** torch.randint(-2, 3, w1s.shape, generator=g)
+    w2s = w2s * 2.0 ** torch.randint(-2, 3, w2s.shape, generator=g)
+    args = to_device(x, w1q, w2q, weights, ids, w1s, w2s)
+    out = M._MOE_FP8.fused_moe_fp8(*args[:5], w1_scale=args[5], w2_scale=args[6], activation=act,
+                                   block_shape=BLOCK, variant=v)  # fmt: skip
+    ref, ierr = reference(x, dequant_weights(w1q, w1s), dequant_weights(w2q, w2s), weights, ids, block=True,
+                          activation=act, intermediate_error=True)  # fmt: skip
+    assert rel(out, ref) < rescaled_bound(ierr, dynamic=True), (block_n, act, ierr)
+
+
 @pytest.mark.parametrize("T", [1, 33])
 @pytest.mark.parametrize("scaling", ["tensor dynamic", "block"])
 def test_expert_map(T, scaling):

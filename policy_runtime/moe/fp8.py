@@ -240,6 +240,16 @@ def fp8_grouped_up_body(
             xs_ptrs = xs_ptr + src * stride_xsm
             gs_ptrs = ws_ptr + expert * stride_wse + (g_rows // SCALE_BLOCK) * stride_wsn
             us_ptrs = ws_ptr + expert * stride_wse + (u_rows // SCALE_BLOCK) * stride_wsn
+            # A tile's weight rows within one scale block (block scales need N a multiple of 128;
+            # tiles start at multiples of BLOCK_N, a power of two): one weight scale a K step,
+            # folded into the row scales.  Interleaved halves (ACT 2) read 2 * BLOCK_N rows.
+            n0 = (pid_n * BLOCK_N) % N
+            if ACT == 2:
+                gs_one = ws_ptr + expert * stride_wse + ((2 * n0) // SCALE_BLOCK) * stride_wsn
+                us_one = gs_one
+            else:
+                gs_one = ws_ptr + expert * stride_wse + (n0 // SCALE_BLOCK) * stride_wsn
+                us_one = ws_ptr + expert * stride_wse + ((n0 + N) // SCALE_BLOCK) * stride_wsn
         for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
@@ -252,9 +262,16 @@ def fp8_grouped_up_body(
                 u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
             if SCALING == 1:
                 kb = (kt * BLOCK_K) // SCALE_BLOCK
-                xs = tl.load(xs_ptrs + kb * stride_xsk, mask=valid, other=0.0)[:, None]
-                acc_g += tl.dot(a, g) * xs * tl.load(gs_ptrs + kb * stride_wsk)[None, :]
-                acc_u += tl.dot(a, u) * xs * tl.load(us_ptrs + kb * stride_wsk)[None, :]
+                xs = tl.load(xs_ptrs + kb * stride_xsk, mask=valid, other=0.0)
+                if BLOCK_N * (2 if ACT == 2 else 1) <= SCALE_BLOCK:
+                    # One multiply-add an element: the next dot waits for it.
+                    sg = (xs * tl.load(gs_one + kb * stride_wsk))[:, None]
+                    su = (xs * tl.load(us_one + kb * stride_wsk))[:, None]
+                    acc_g = tl.fma(tl.dot(a, g), sg, acc_g)
+                    acc_u = tl.fma(tl.dot(a, u), su, acc_u)
+                else:
+                    acc_g += tl.dot(a, g) * xs[:, None] * tl.load(gs_ptrs + kb * stride_wsk)[None, :]
+                    acc_u += tl.dot(a, u) * xs[:, None] * tl.load(us_ptrs + kb * stride_wsk)[None, :]
             else:
                 acc_g = tl.dot(a, g, acc_g)
                 acc_u = tl.dot(a, u, acc_u)
@@ -332,6 +349,8 @@ def fp8_grouped_down_body(
         if SCALING == 1:
             hs_ptrs = hs_ptr + tok.to(tl.int64) * stride_hsm
             bs_ptrs = ws_ptr + expert * stride_wse + (cols // SCALE_BLOCK) * stride_wsn
+            # As the up GEMM's: a tile at most one scale block wide has one weight scale a step.
+            bs_one = ws_ptr + expert * stride_wse + (((pid_n * BLOCK_N) % N) // SCALE_BLOCK) * stride_wsn
         k_tiles = (K + BLOCK_K - 1) // BLOCK_K
         kt_lo = 0
         kt_hi = k_tiles
@@ -352,7 +371,10 @@ def fp8_grouped_down_body(
             if SCALING == 1:
                 kb = (kt * BLOCK_K) // SCALE_BLOCK
                 hs = tl.load(hs_ptrs + kb * stride_hsk, mask=valid, other=0.0)
-                acc += tl.dot(a, b) * hs[:, None] * tl.load(bs_ptrs + kb * stride_wsk)[None, :]
+                if BLOCK_N <= SCALE_BLOCK:
+                    acc = tl.fma(tl.dot(a, b), (hs * tl.load(bs_one + kb * stride_wsk))[:, None], acc)
+                else:
+                    acc += tl.dot(a, b) * hs[:, None] * tl.load(bs_ptrs + kb * stride_wsk)[None, :]
             else:
                 acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K * stride_hk
