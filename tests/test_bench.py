@@ -356,6 +356,15 @@ def test_scaled_mm_block_variants_smoke(bench):
     assert len(rows) == 12 and all(float(r.rsplit(" ", 1)[1]) < 1e-5 for r in rows), out
 
 
+def test_moe_fp8_tiles_smoke(bench):
+    """bench/moe_fp8_tiles.py runs every record of both sets with both scalings in the interpreter,
+    each agreeing with the policy's result (the script fails otherwise)."""
+    for records, count in (("wide", 9), ("prefill", 3)):
+        out = bench("moe_fp8_tiles.py", "--set", records)
+        rows = [line for line in out.splitlines() if "rel diff vs policy" in line]
+        assert len(rows) == 2 * count and "FAILED" not in out, out
+
+
 def test_moe_fp8_bench_smoke(bench, tmp_path):
     """bench/moe_fp8.py on its smoke shape: the simt decode bucket (T = 1, with the vLLM peer where
     its file is) and a grouped one (T = 17), every method checked before it was timed."""

@@ -92,8 +92,9 @@ def act_and_mul(gu: torch.Tensor, inter: int, activation: str) -> torch.Tensor:
     return (torch.nn.functional.silu(g) if activation == "silu" else torch.nn.functional.gelu(g)) * u
 
 
-def reference(x, w1, w2, weights, ids, *, block, a1=None, a2=None, activation="silu", expert_map=None,
-              intermediate_error=False):
+def reference(
+    x, w1, w2, weights, ids, *, block, a1=None, a2=None, activation="silu", expert_map=None, intermediate_error=False
+):
     """float64 on the dequantized inputs (w1, w2 dequantized float64), the activations quantized
     as the call does; the intermediate rounded to x's dtype first.  Slots of other ranks' experts
     (expert_map -1) are skipped.  ``intermediate_error``: also return the intermediate's e4m3
@@ -310,14 +311,24 @@ def test_policy_tables_and_unserved_targets():
     assert set(M.UNSERVED_FP8) | set(M._POLICIES_FP8["moe_fp8_launch_e4m3"]) == set(HARDWARE)
     assert set(M.UNSERVED_FP8.values()) == {"fp8_e4m3fn"}
     names = [b.name for b in M.buckets(hw=HW, dtype=FP8)]
-    assert names == ["decode_one", "decode_wide", "small", "medium", "prefill"]
+    assert names == ["decode_one", "decode_wide", "small", "medium", "prefill", "prefill_large"]
+    # Prefill: 64-row tiles to 3072 tokens, 128x128 on 8 warps from 3073.
+    large = [M.select(t, 2048, dtype=FP8, hw=HW) for t in (513, 3072, 3073)]
+    assert [b.name for b in large] == ["prefill", "prefill", "prefill_large"]
+    assert [(b.variant.block_m, b.variant.num_warps) for b in large] == [(64, 4), (64, 4), (128, 8)]
     assert [M.select(t, 768, dtype=FP8, hw=HW).name for t in (1, 2, 4, 5)] == ["decode_one", "small", "small", "small"]
     # One token: simt up to 1024 intermediate columns, the grouped tiles past them, with the down
     # GEMM's K split past 4096 columns (up to 2 tokens).
     picks = [M.select(t, i, dtype=FP8, hw=HW).variant for t, i in ((1, 768), (1, 1024), (1, 1025), (1, 4096), (1, 4097),
                                                                      (2, 14336), (3, 14336))]  # fmt: skip
     assert [(v.kind, v.down_split_k) for v in picks] == [
-        ("simt", 1), ("simt", 1), ("grouped", 1), ("grouped", 1), ("grouped", 4), ("grouped", 4), ("grouped", 1)
+        ("simt", 1),
+        ("simt", 1),
+        ("grouped", 1),
+        ("grouped", 1),
+        ("grouped", 4),
+        ("grouped", 4),
+        ("grouped", 1),
     ]
     assert M.select(4096, 768, dtype=FP8, hw=HW).variant.kind == "grouped"
     assert M.select(1, 768, hw=HW).variant.kind != "grouped"  # the 16-bit tables are untouched

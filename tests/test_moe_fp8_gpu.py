@@ -57,7 +57,9 @@ def test_every_bucket_bf16_against_dequantized(block):
     torch.manual_seed(0)
     # 16 experts of 1024 x 512 at each token count, and 4 narrow, long experts (I 4224 > 4096: the
     # buckets of wide experts, such as Hopper's split down GEMM) at 1 and 2 tokens.
-    cases = [(T, 16, 4, 1024, 512) for T in (1, 3, 7, 33, 300, 1000, 2048)] + [(T, 4, 2, 256, 4224) for T in (1, 2)]
+    cases = [(T, 16, 4, 1024, 512) for T in (1, 3, 7, 33, 300, 1000, 2048, 4000)] + [
+        (T, 4, 2, 256, 4224) for T in (1, 2)
+    ]
     seen = set()
     for T, E, k, H, I in cases:
         bucket = M.select(T, I, dtype=torch.float8_e4m3fn, hw=hw)
