@@ -357,12 +357,12 @@ def test_scaled_mm_block_variants_smoke(bench):
 
 
 def test_moe_fp8_tiles_smoke(bench):
-    """bench/moe_fp8_tiles.py runs every record of both sets with both scalings in the interpreter,
-    each agreeing with the policy's result (the script fails otherwise)."""
-    for records, count in (("wide", 9), ("prefill", 3)):
-        out = bench("moe_fp8_tiles.py", "--set", records)
-        rows = [line for line in out.splitlines() if "rel diff vs policy" in line]
-        assert len(rows) == 2 * count and "FAILED" not in out, out
+    """bench/moe_fp8_tiles.py runs each record of its prefill set with both scalings in the
+    interpreter, each agreeing with the policy's result (the script fails otherwise).  The wide set
+    goes through the same path; it is left out here for the suite's time."""
+    out = bench("moe_fp8_tiles.py", "--set", "prefill")
+    rows = [line for line in out.splitlines() if "rel diff vs policy" in line]
+    assert len(rows) == 6 and "FAILED" not in out, out
 
 
 def test_moe_fp8_bench_smoke(bench, tmp_path):
