@@ -356,6 +356,14 @@ def test_scaled_mm_block_variants_smoke(bench):
     assert len(rows) == 12 and all(float(r.rsplit(" ", 1)[1]) < 1e-5 for r in rows), out
 
 
+def test_scaled_mm_tiles_smoke(bench):
+    """bench/scaled_mm_tiles.py runs every record with each scaling it is timed with in the
+    interpreter, each within 1e-2 of the fp64 reference (the script fails otherwise)."""
+    out = bench("scaled_mm_tiles.py")
+    rows = [line for line in out.splitlines() if " err " in line]
+    assert len(rows) == 11 + 11 + 7 and "FAILED" not in out, out
+
+
 def test_moe_fp8_tiles_smoke(bench):
     """bench/moe_fp8_tiles.py runs each record of its prefill set with both scalings in the
     interpreter, each agreeing with the policy's result (the script fails otherwise).  The wide set

@@ -69,7 +69,7 @@ def _served_by_kernel() -> dict[tuple[str, bool], tuple[str, str, int]]:
             for b in smm.buckets(hw=target, block_scales=block):
                 m = next(
                     m
-                    for m in (1, 16, 40, 65, 130, 300, 2100)
+                    for m in (1, 16, 40, 65, 130, 300, 1100, 2100)
                     if smm.select(m, 256, 256, hw=target, block_scales=block) is b
                 )
                 out.setdefault((b.triton.name, block), (target, b.name, m))
