@@ -351,7 +351,7 @@ class ScaledMm(PolicyTables):
         if plan is not None and plan is not _call_cache.NO_PLAN:
             given = out is not None
             if out is None:
-                out = torch.empty(plan.data, dtype=out_dtype, device=a.device)
+                out = _call_cache.new_like(plan.data)
             with _launch.on_device(a):
                 plan.launch((a, b, scale_a, scale_b, out))
             if given:
@@ -364,7 +364,10 @@ class ScaledMm(PolicyTables):
         # One tensor as both scales (one per-tensor value, say) is a class of its own (the key says
         # so): its plan reads scale_a's place for both.
         _CALLS.commit(
-            rec, key, (a, b, scale_a, None if scale_b is scale_a else scale_b, result), data=tuple(result.shape)
+            rec,
+            key,
+            (a, b, scale_a, None if scale_b is scale_a else scale_b, result),
+            data=_call_cache.template(result),
         )
         return result
 

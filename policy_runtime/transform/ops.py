@@ -51,6 +51,7 @@ _CONTIGUOUS = torch.contiguous_format
 _RMS_CALLS = CallCache("rms_norm")
 _SILU_CALLS = CallCache("silu_and_mul")
 _ACT_CALLS = CallCache("act_and_mul")
+_ROPE_CALLS = CallCache("rotary_embedding")
 
 
 def _one_output(cache: CallCache, x: torch.Tensor, parts: Any, full: Any) -> torch.Tensor:
@@ -68,9 +69,6 @@ def _one_output(cache: CallCache, x: torch.Tensor, parts: Any, full: Any) -> tor
         out = full()
     cache.commit(rec, key, (x, out), data=template(out))
     return out
-
-
-_ROPE_CALLS = CallCache("rotary_embedding")
 
 
 # Longest row (elements, padded to a power of two) for which rms_norm compiles the row length
