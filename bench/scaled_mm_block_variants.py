@@ -35,6 +35,8 @@ def parse() -> argparse.Namespace:
 ARGS = parse()
 
 from policy_runtime.matmul.ops import tile_coords  # noqa: E402  (the generated kernels' tile order)
+from policy_runtime.scaled_mm.tune import ScaledMmProblem  # noqa: E402
+
 CPU = ARGS.cpu_smoke or not torch.cuda.is_available()
 DEV = "cpu" if CPU else "cuda"
 
@@ -152,18 +154,10 @@ def run(a, b, sa, sb, c, cfg):
 
 
 def problem(M, N, K):
-    g = torch.Generator(device=DEV).manual_seed(0)
-    a = (torch.randn(M, K, device=DEV, generator=g) * 2).to(torch.float8_e4m3fn)
-    b = (torch.randn(N, K, device=DEV, generator=g) * 2).to(torch.float8_e4m3fn).t()
-    sa = torch.rand(M, K // 128, device=DEV, generator=g) + 0.5
-    sb = torch.rand(K // 128, N // 128, device=DEV, generator=g) + 0.5
-    return a, b, sa, sb
-
-
-def ref(a, b, sa, sb):
-    fa = a.float() * sa.repeat_interleave(128, 1)
-    fb = b.float() * sb.repeat_interleave(128, 0).repeat_interleave(128, 1)
-    return fa @ fb
+    """e4m3 a (M, K), b the (K, N) view of a row-major weight, 1x128 / 128x128 scales, and the fp64
+    reference on the dequantized inputs: ``codegen tune scaled_mm``'s problem (block scaling)."""
+    p = ScaledMmProblem(dict(m=M, n=N, k=K), torch.float32, DEV, "block")
+    return p.a, p.b, p.sa, p.sb, p.reference
 
 
 CFGS = {
@@ -185,8 +179,7 @@ CFGS = {
 
 def main():
     if CPU:
-        a, b, sa, sb = problem(64, 256, 384)
-        want = ref(a, b, sa, sb)
+        a, b, sa, sb, want = problem(64, 256, 384)
         for name, cfg in CFGS.items():
             cfg = (32, min(cfg[1], 128), 128, *cfg[3:])
             c = torch.empty(64, 256, device=DEV)
@@ -200,8 +193,7 @@ def main():
 
     shapes = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (2048, 7168, 2048), (512, 4096, 4096)]
     for M, N, K in shapes:
-        a, b, sa, sb = problem(M, N, K)
-        want = ref(a, b, sa, sb)
+        a, b, sa, sb, want = problem(M, N, K)
         flops = 2 * M * N * K
         c = torch.empty(M, N, device=DEV, dtype=torch.bfloat16)
         row = {}
