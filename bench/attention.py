@@ -70,6 +70,7 @@ from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa:
 from generated import attention as at  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 from policy_runtime.attention.ops import decode_plan  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
@@ -1154,4 +1155,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(quiet_on_closed_pipe(main))

@@ -57,6 +57,7 @@ from policy_runtime.attention.ops import (  # noqa: E402
     decode_plan,
     prefill_body,
 )
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
@@ -559,4 +560,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(quiet_on_closed_pipe(main))

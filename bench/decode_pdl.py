@@ -28,6 +28,7 @@ if not torch.cuda.is_available() or torch.version.hip is not None or torch.cuda.
 from generated import attention as at  # noqa: E402
 from policy_runtime import call_cache  # noqa: E402
 from policy_runtime import launch as _launch  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 from policy_runtime.timing import captured, gpu_ms  # noqa: E402
 
 BS = 16
@@ -72,5 +73,12 @@ CASES = [
     (256, 16, 8, 8, 32768, 4096), (64, 16, 16, 8, 8192, 0), (256, 16, 2, 32, 32768, 0), (128, 32, 8, 32, 32768, 0),
     (128, 32, 8, 256, 1024, 0),
 ]  # fmt: skip
-for c in CASES:
-    case(*c)
+
+
+def main() -> int:
+    for c in CASES:
+        case(*c)
+    return 0
+
+
+sys.exit(quiet_on_closed_pipe(main))

@@ -35,6 +35,7 @@ from generated.dispatch import target_name  # noqa: E402
 from policy_runtime import call_cache  # noqa: E402
 from policy_runtime import launch as _launch  # noqa: E402
 from policy_runtime.attention import ops  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 from policy_runtime.timing import captured, gpu_ms  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
@@ -155,9 +156,15 @@ CASES = [
     (128, 32, 8, 8, 8192, 0, True), (128, 32, 8, 32, 8192, 0, True), (128, 32, 8, 8, 32768, 0, True),
     (256, 16, 4, 8, 8192, 0, True), (128, 32, 8, 8, 8192, 0, False),
 ]  # fmt: skip
-t0 = time.time()
-print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}")
-for c in CASES:
-    case(*c)
-print(f"done in {time.time() - t0:.0f} s")
-sys.exit(0)
+
+
+def main() -> int:
+    t0 = time.time()
+    print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}")
+    for c in CASES:
+        case(*c)
+    print(f"done in {time.time() - t0:.0f} s")
+    return 0
+
+
+sys.exit(quiet_on_closed_pipe(main))

@@ -66,6 +66,7 @@ from generated import moe as MOE  # noqa: E402
 from generated import scaled_mm as SMM  # noqa: E402
 from generated import transform as TR  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 if SMOKE:
     torch.set_num_threads(1)  # a CPU loop of tiny ops: no intra-op threads spinning beside it
@@ -436,4 +437,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_on_closed_pipe(main))

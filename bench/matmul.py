@@ -95,6 +95,7 @@ from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa:
 from generated import matmul as mm  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 from policy_runtime.matmul.ops import grouped_body as _grouped  # noqa: E402  (the kernel body the generated kernels share)
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 DEVICE = "cpu" if ARGS.cpu_smoke else "cuda"
 DTYPE = torch.float16 if ARGS.cpu_smoke else torch.bfloat16
@@ -480,4 +481,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(quiet_on_closed_pipe(main))

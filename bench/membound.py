@@ -54,6 +54,7 @@ from bench.runlog import RunLog  # noqa: E402
 from bench.timing import cpu_ms, gpu_ms  # noqa: E402
 from policy_runtime.cache import ops as cache_runtime  # noqa: E402
 from policy_runtime.transform import ops as transform_runtime  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
@@ -722,4 +723,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_on_closed_pipe(main))

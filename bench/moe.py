@@ -60,6 +60,7 @@ from bench.runlog import RunLog  # noqa: E402
 from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import moe as M  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
@@ -509,4 +510,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_on_closed_pipe(main))

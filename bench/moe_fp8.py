@@ -64,6 +64,7 @@ from generated import moe as M  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 from policy_runtime.moe import fp8 as F  # noqa: E402
 from policy_runtime.timing import cpu_ms, environment, gpu_ms, median_ratio, per_round, rel_err  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 DEV = "cpu" if ARGS.cpu_smoke else "cuda"
 DT = torch.float16 if ARGS.cpu_smoke else torch.bfloat16  # the interpreter's bf16 is wrong
@@ -311,4 +312,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_on_closed_pipe(main))

@@ -43,6 +43,7 @@ import triton  # noqa: E402
 
 from generated import moe as M  # noqa: E402
 from policy_runtime.moe import tune  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 # name: (experts, hidden H, intermediate I, top-k)
@@ -149,4 +150,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_on_closed_pipe(main))

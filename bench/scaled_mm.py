@@ -50,6 +50,7 @@ from generated import matmul as mm  # noqa: E402
 from generated import scaled_mm as smm  # noqa: E402
 from generated.dispatch import target_name  # noqa: E402
 from policy_runtime.timing import cpu_ms, environment, gpu_ms, median_ratio, per_round, rel_err  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 DEVICE = "cpu" if ARGS.cpu_smoke else "cuda"
 OUT_DTYPE = torch.float16 if ARGS.cpu_smoke else torch.bfloat16  # the interpreter's bf16 is wrong
@@ -188,4 +189,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_on_closed_pipe(main))

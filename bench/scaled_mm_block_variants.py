@@ -36,6 +36,7 @@ ARGS = parse()
 
 from policy_runtime.matmul.ops import tile_coords  # noqa: E402  (the generated kernels' tile order)
 from policy_runtime.scaled_mm.tune import ScaledMmProblem  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 CPU = ARGS.cpu_smoke or not torch.cuda.is_available()
 DEV = "cpu" if CPU else "cuda"
@@ -229,4 +230,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(quiet_on_closed_pipe(main))

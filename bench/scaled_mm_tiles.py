@@ -35,6 +35,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from policy_runtime.scaled_mm.tune import ScaledMmProblem  # noqa: E402
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 
 def rec(bm, bn, bk, warps, stages, group=8):
@@ -97,4 +98,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_on_closed_pipe(main))

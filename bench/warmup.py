@@ -32,6 +32,7 @@ from pathlib import Path
 T_START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 SMOKE_FIRST_CALL = [((33, 64, 48), 31)]
 # --cpu-smoke plans token counts up to 1,024, not 16,384: the exhaustive search over token counts takes
@@ -373,4 +374,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quiet_on_closed_pipe(main))

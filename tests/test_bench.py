@@ -364,6 +364,22 @@ def test_scaled_mm_tiles_smoke(bench):
     assert len(rows) == 11 + 11 + 7 and "FAILED" not in out, out
 
 
+@pytest.mark.parametrize("script", ["scaled_mm_block_variants.py", "decode_plans.py"])
+def test_a_reader_that_closes_early_ends_the_run_quietly(script):
+    """`bench/<script> | head -1`: the run ends with the shell's SIGPIPE status (141) and no
+    traceback, as coreutils do (policy_runtime/report.py's quiet_on_closed_pipe around its main)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / script), "--cpu-smoke", "--hw", "h200"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env,
+    )  # fmt: skip
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away after one line, as head -1 does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and first, (first, err[-3000:])
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+
+
 def test_moe_fp8_tiles_smoke(bench):
     """bench/moe_fp8_tiles.py runs each record of its prefill set with both scalings in the
     interpreter, each agreeing with the policy's result (the script fails otherwise).  The wide set
