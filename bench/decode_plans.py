@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Paged decode's split plan against its bandwidth (the h200 decode policy's v1_min_programs,
-v2_min_programs and v2_max_partition in specs/kernels/attention.toml were chosen from this).
+"""Paged decode's split plan and pipeline depth against its bandwidth (the h200 decode policy's
+v1_min_programs, v2_min_programs and v2_max_partition, and the Hopper fp8 policy's num_stages, in
+specs/kernels/attention.toml were chosen from this).
 
     python3 bench/decode_plans.py                 # on a GPU (~15 s)
+    python3 bench/decode_plans.py --stages 3 5    # each plan again with the decode kernel's num_stages forced
     python3 bench/decode_plans.py --cpu-smoke --hw h200
 
 For each case (16-bit and fp8 caches, windows), the policy's plan and forced ones (V1; V2 in
@@ -11,6 +13,8 @@ eager and replayed from a CUDA graph (policy_runtime/timing.py's gpu_ms), as a f
 device copy of as many bytes measured in the same run; a V2 plan's decode kernel also alone (its
 merge launch dropped: what the merge costs is the difference).  Forcing replaces
 policy_runtime.attention.ops.decode_plan for the call (the kernels are the policy's; the call caches are cleared between plans).
+``--stages`` forces the policy kernel's num_stages at its launch (the same source and tile, another
+software-pipelining depth), under the policy's plan and each forced one.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from smoke import smoke_setup
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes, CPU interpreter (no timing)")
 ap.add_argument("--hw", default=None, help="hardware spec name (default: detect the GPU)")
+ap.add_argument("--stages", type=int, nargs="*", default=[], help="also time each plan with the decode kernel's num_stages forced to each of these")
 ARGS = ap.parse_args()
 SMOKE = smoke_setup(ARGS)
 
@@ -45,6 +50,8 @@ BS = 16
 _POLICY_PLAN = ops.decode_plan
 FORCED: list = []  # [] the policy's plan, ["v1"], or [partition tokens]
 USED: list = []
+STAGES: list = []  # [] the policy kernel's num_stages, or [forced num_stages]
+LAUNCHED: list = []  # the num_stages of the last decode kernel launched
 
 
 def plan(S, Hkv, bound, cfg, lcfg):
@@ -60,6 +67,19 @@ def plan(S, Hkv, bound, cfg, lcfg):
 
 
 ops.decode_plan = plan
+_LAUNCH = _launch.launch_kernel
+
+
+def launch(kernel, grid, *args, **kwargs):
+    # The decode kernels (generated/attention.py's _decode_*) with STAGES' num_stages; others as called.
+    if getattr(getattr(kernel, "fn", None), "__name__", "").startswith("_decode_"):
+        if STAGES:
+            kwargs["num_stages"] = STAGES[0]
+        LAUNCHED[:] = [kwargs["num_stages"]]
+    _LAUNCH(kernel, grid, *args, **kwargs)
+
+
+_launch.launch_kernel = launch
 
 
 def decode_only_ms(fn):
@@ -68,11 +88,11 @@ def decode_only_ms(fn):
     are cleared before and after, so that no recorded plan keeps the drop."""
     real = _launch.launch_kernel
 
-    def launch(kernel, grid, *args, **kwargs):
+    def decode_only(kernel, grid, *args, **kwargs):
         if kernel is not ops._merge:
             real(kernel, grid, *args, **kwargs)
 
-    _launch.launch_kernel = launch
+    _launch.launch_kernel = decode_only
     call_cache.clear_all()
     try:
         graph = captured(fn)[0]
@@ -117,8 +137,15 @@ def case(D, H, Hkv, batch, ctx, window, fp8):
     out = torch.empty_like(q)
     nbytes = 2 * batch * span * Hkv * D * kc.element_size()
     name = f"{'fp8' if fp8 else '16-bit'} d={D} h={H}/{Hkv} batch={batch} ctx={ctx}" + (f" window={window}" if window else "")
+    for stages in [None] + ARGS.stages:
+        STAGES[:] = [] if stages is None else [stages]
+        plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages)
+    STAGES[:] = []
+
+
+def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages):
     seen = set()
-    for forced in (None, "v1", 256, 512, 1024, 2048):
+    for forced in (None, "v1", 256, 512, 1024, 2048, 4096):
         FORCED[:] = [] if forced is None else [forced]
         call_cache.clear_all()  # a recorded plan would replay the previous split
 
@@ -134,7 +161,8 @@ def case(D, H, Hkv, batch, ctx, window, fp8):
             continue
         seen.add(key)
         what = "policy" if forced is None else f"forced {forced}"
-        line = f"{name:52s} {what:12s} {'V1' if p[2] == 1 else f'V2 {p[2]} x {p[1]}':14s} err {err:.1e}"
+        split = "V1" if p[2] == 1 else f"V2 {p[2]} x {p[1]}"
+        line = f"{name:52s} {what:12s} {split:14s} stages {LAUNCHED[0]} err {err:.1e}"
         if err > 1e-2:
             line += "  WRONG"
         elif not SMOKE:
@@ -154,13 +182,15 @@ CASES = [
 ] if SMOKE else [
     (128, 32, 8, 8, 32768, 4096, False), (128, 32, 8, 32, 32768, 4096, False),
     (128, 32, 8, 8, 8192, 0, True), (128, 32, 8, 32, 8192, 0, True), (128, 32, 8, 8, 32768, 0, True),
-    (256, 16, 4, 8, 8192, 0, True), (128, 32, 8, 8, 8192, 0, False),
+    (256, 16, 4, 8, 8192, 0, True), (128, 32, 8, 8, 8192, 0, False), (128, 32, 8, 64, 16384, 0, True),
+    (128, 32, 8, 1, 32768, 0, True), (256, 16, 4, 32, 8192, 0, True),
 ]  # fmt: skip
 
 
 def main() -> int:
     t0 = time.time()
-    print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}")
+    print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}; "
+          f"forced stages {ARGS.stages or 'none'}")
     for c in CASES:
         case(*c)
     print(f"done in {time.time() - t0:.0f} s")

@@ -428,13 +428,16 @@ def test_decode_plans_and_moe_fp8_accuracy_smoke(bench, tmp_path):
     output and the up GEMM's intermediate against float64, the interpreter's accumulation exact."""
     import re
 
-    out = bench("decode_plans.py")
+    out = bench("decode_plans.py", "--stages", "2")
     rows = [line for line in out.splitlines() if " err " in line]
     assert rows and "WRONG" not in out
     assert all(float(re.search(r" err (\S+)", r).group(1)) < 1e-2 for r in rows)
-    # A 300-token window of a 700-token fp8 cache: V1, and V2 in two 256-token partitions.
+    # A 300-token window of a 700-token fp8 cache: V1, and V2 in two 256-token partitions, each
+    # with the h200 policy's head_dim-128 fp8 kernel (5 stages) and again with 2 stages forced.
     assert rows[0].startswith("fp8") and "window=300" in rows[0] and "policy" in rows[0]
     assert {re.search(r"(V1|V2 \d+ x \d+)", r).group(1) for r in rows} == {"V1", "V2 2 x 256"}
+    stages = [re.search(r" stages (\d+) ", r).group(1) for r in rows]
+    assert stages == ["5"] * (len(rows) // 2) + ["2"] * (len(rows) // 2), stages
     out = bench("moe_fp8_accuracy.py")
     rows = [line for line in out.splitlines() if line.startswith("T=")]
     assert [r.split()[1] for r in rows] == ["40", "40"]
