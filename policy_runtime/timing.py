@@ -3,7 +3,10 @@ launch cost off the clock, and interleaved rounds against a reference.
 
 ``gpu_ms`` exists because ``triton.testing.do_bench`` records its start event right after the L2
 flush: where a launch takes the host longer than the flush takes the GPU, the idle gap counts as
-kernel time.  Host overhead is a separate measurement in each benchmark.  The flush reads 256 MiB
+kernel time.  ``gpu_ms`` queues a GPU sleep between the flush and the start event, sized from the
+host time of the measured call itself (``codegen tune``'s candidates, launched without call caches,
+and multi-launch entry points take the host longer than one kernel): the timed launches are always
+queued before the start event fires.  Host overhead is a separate measurement in each benchmark.  The flush reads 256 MiB
 where do_bench zeroes its buffer: a write leaves the L2 full of dirty lines that the timed kernel's
 first misses must write back; a read leaves it cold and clean, as a serving step finds it after
 kernels that read weights and write little.
@@ -18,10 +21,14 @@ from typing import Callable
 
 import torch
 
-# GPU cycles of torch.cuda._sleep queued after each L2 flush (~150 us at the H200's clock): longer
-# than the host takes to launch any method measured here, so each timed kernel is already queued
-# when its start event fires.
+# The fewest GPU cycles of torch.cuda._sleep queued after each L2 flush (~150 us at the H200's
+# clock); gpu_samples_ms sleeps longer where the measured call takes the host longer (sleep_cycles).
 SLEEP_CYCLES = 300_000
+# How many times the measured call's host time the sleep lasts: the host's time varies from call to
+# call (a page fault, an allocation, the GIL), and a sleep that ends early counts the gap as kernel time.
+SLEEP_MARGIN = 3.0
+# torch.cuda._sleep's cycles per millisecond, per device (measured once: sleep_rate).
+_SLEEP_RATE: dict[int, float] = {}
 # The flush buffer (256 MiB, several times any L2), as int32 words, and the one-element tensor its
 # sum lands in.
 _FLUSH: list[torch.Tensor] = []
@@ -35,19 +42,55 @@ def flush_l2() -> None:
     torch.sum(_FLUSH[0], dim=0, out=_FLUSH[1])
 
 
+def sleep_rate() -> float:
+    """Cycles of ``torch.cuda._sleep`` per GPU millisecond on the current device (measured once a
+    process: one sleep of SLEEP_CYCLES timed by events)."""
+    dev = torch.cuda.current_device()
+    if dev not in _SLEEP_RATE:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)  # the first sleep's own start-up off the clock
+        start.record()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        end.record()
+        end.synchronize()
+        _SLEEP_RATE[dev] = SLEEP_CYCLES / max(start.elapsed_time(end), 1e-3)
+    return _SLEEP_RATE[dev]
+
+
+def sleep_cycles(host_ms: float, rate: float) -> int:
+    """GPU sleep, in cycles at ``rate`` cycles a millisecond, that outlasts SLEEP_MARGIN times
+    ``host_ms`` of the host's launching, and never less than SLEEP_CYCLES."""
+    return max(SLEEP_CYCLES, int(SLEEP_MARGIN * host_ms * rate))
+
+
+def host_ms(fn: Callable[[], object], calls: int = 3) -> float:
+    """The longest wall milliseconds of ``calls`` calls of ``fn``, each started on an idle GPU:
+    what the host takes to queue its launches."""
+    longest = 0.0
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        longest = max(longest, (time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return longest
+
+
 def gpu_samples_ms(
     fn: Callable[[], object], reps: int = 100, warmup: int = 5, flush: Callable[[], None] = flush_l2
 ) -> list[float]:
     """GPU milliseconds of each of ``reps`` runs of ``fn``, each after an L2 flush (``flush_l2``'s
     read of 256 MiB unless ``flush`` is another), with a GPU sleep between the flush and the start
-    event (so that the host's launch time is off the clock)."""
+    event that outlasts the host's time to launch ``fn`` (``sleep_cycles``), so that the host's
+    launch time is off the clock."""
     for _ in range(warmup):
         fn()
+    cycles = sleep_cycles(host_ms(fn), sleep_rate())
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
         flush()
-        torch.cuda._sleep(SLEEP_CYCLES)
+        torch.cuda._sleep(cycles)
         starts[i].record()
         fn()
         ends[i].record()
