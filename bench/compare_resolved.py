@@ -7,11 +7,17 @@ change to the compiler or the specs (instantiation names compared as vendor + va
 
 Prints NEW / GONE for (config, variant, model, target) present on one side only, DIFF with the
 fields whose values differ, NAME where an instantiation's digest differs, and a count.  Exit 1
-if anything differs."""
+if anything differs, 2 on an unreadable input (the file and what is wrong, no traceback); a reader
+that leaves early (`... | head`) ends it quietly."""
 
+import argparse
 import json
 import re
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
 
 
 def flat(tree: dict) -> dict:
@@ -25,11 +31,22 @@ def flat(tree: dict) -> dict:
     return out
 
 
+def load(path: str) -> dict:
+    """The flattened records of one `codegen show --json` file; SystemExit(2) naming the file and
+    the problem where it cannot be read as one."""
+    try:
+        with open(path) as f:
+            return flat(json.load(f))
+    except OSError as e:
+        raise SystemExit(f"compare_resolved: {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"compare_resolved: {path}:{e.lineno}: not JSON ({e.msg})") from None
+    except (KeyError, AttributeError, TypeError) as e:
+        raise SystemExit(f"compare_resolved: {path}: not `codegen show --json` output (no {e})") from None
+
+
 def main(before_path: str, after_path: str) -> int:
-    with open(before_path) as f:
-        before = flat(json.load(f))
-    with open(after_path) as f:
-        after = flat(json.load(f))
+    before, after = load(before_path), load(after_path)
     compared = differ = 0
     for key in sorted(set(before) | set(after), key=str):
         if key not in before or key not in after:
@@ -49,4 +66,14 @@ def main(before_path: str, after_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("before", help="codegen show --json of the old tree")
+    ap.add_argument("after", help="codegen show --json of the new tree")
+    args = ap.parse_args()
+    try:
+        sys.exit(quiet_on_closed_pipe(lambda: main(args.before, args.after)))
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            sys.exit(2)
+        raise

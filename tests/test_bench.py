@@ -454,3 +454,47 @@ def test_decode_pdl_refuses_a_machine_without_pdl():
                           timeout=120)  # fmt: skip
     assert proc.returncode == 2, proc
     assert "needs an NVIDIA GPU of compute capability 9.0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _resolved(tmp_path, name, records):
+    path = tmp_path / name
+    path.write_text(json.dumps({"configs": {"c": {"variants": {"v": {"models": {"m": records}}}}}}))
+    return str(path)
+
+
+def test_compare_resolved_reports_each_difference_and_refuses_bad_input(tmp_path):
+    """bench/compare_resolved.py: NEW / GONE / DIFF / NAME lines and exit 1 where two trees differ,
+    0 where they agree; an unreadable input exits 2 naming the file and the problem, no traceback;
+    `| head -1` ends it with 141 and no traceback."""
+    script = [sys.executable, str(REPO / "bench" / "compare_resolved.py")]
+    a = _resolved(tmp_path, "a.json", {"t1": {"x": 1, "instantiation": "nvidia_abc"}, "t2": {"x": 2}})
+    b = _resolved(tmp_path, "b.json", {"t1": {"x": 3, "instantiation": "nvidia_abd"}, "t3": {"x": 2}})
+    proc = subprocess.run([*script, a, b], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "DIFF ('c', 'v', 'm', 't1') {'x': (1, 3)}",
+        "NAME ('c', 'v', 'm', 't1') nvidia_abc nvidia_abd",
+        "GONE ('c', 'v', 'm', 't2')",
+        "NEW ('c', 'v', 'm', 't3')",
+        "1 records compared, 3 differ",
+    ]
+    same = subprocess.run([*script, a, a], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert same.returncode == 0 and same.stdout.splitlines() == ["2 records compared, 0 differ"], same.stderr
+    (tmp_path / "cut.json").write_text('{"configs":')
+    (tmp_path / "other.json").write_text('{"x": 1}')
+    for bad, said in [
+        (str(tmp_path / "missing.json"), "missing.json: No such file or directory"),
+        (str(tmp_path / "cut.json"), "cut.json:1: not JSON"),
+        (str(tmp_path / "other.json"), "other.json: not `codegen show --json` output (no 'configs')"),
+    ]:
+        proc = subprocess.run([*script, a, bad], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    # Enough lines to fill the pipe, read one of them.
+    many = {f"t{i}": {"x": i} for i in range(20000)}
+    big_a, big_b = _resolved(tmp_path, "big_a.json", many), _resolved(tmp_path, "big_b.json", {})
+    proc = subprocess.Popen([*script, big_a, big_b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and first.startswith(b"GONE"), (first, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
