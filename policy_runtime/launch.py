@@ -119,7 +119,13 @@ _SCOPES_LOCK = threading.Lock()
 def launch_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
     """``kernel[grid](*args, **kwargs)``; inside a compile-only scope, the scope's handler gets
     the launch instead (warm-up compiles it without running it).  Every launch site of the
-    kernel modules goes through here, or through ``run_plan``."""
+    kernel modules goes through here, or through ``run_plan``.
+
+    Triton's FP fusion (``a * b + c`` contracted to one fused multiply-add) is asked for on every
+    launch: Triton 3.9 warns that its default turns off in 3.10, which would change every kernel's
+    rounding and speed with the Triton version.  ``TRITON_FORCE_DISABLE_FP_FUSION=1`` still turns
+    it off."""
+    kwargs["enable_fp_fusion"] = True
     if _SCOPES:
         handler = _COMPILE_ONLY.get()
         if handler is not None:
