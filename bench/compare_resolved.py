@@ -32,17 +32,19 @@ def flat(tree: dict) -> dict:
 
 
 def load(path: str) -> dict:
-    """The flattened records of one `codegen show --json` file; SystemExit(2) naming the file and
-    the problem where it cannot be read as one."""
+    """The flattened records of one `codegen show --json` file; where it cannot be read as one,
+    the file and the problem on stderr and exit 2."""
     try:
         with open(path) as f:
             return flat(json.load(f))
     except OSError as e:
-        raise SystemExit(f"compare_resolved: {path}: {e.strerror}") from None
+        problem = e.strerror
     except json.JSONDecodeError as e:
-        raise SystemExit(f"compare_resolved: {path}:{e.lineno}: not JSON ({e.msg})") from None
+        path, problem = f"{path}:{e.lineno}", f"not JSON ({e.msg})"
     except (KeyError, AttributeError, TypeError) as e:
-        raise SystemExit(f"compare_resolved: {path}: not `codegen show --json` output (no {e})") from None
+        problem = f"not `codegen show --json` output (no {e})"
+    print(f"compare_resolved: {path}: {problem}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main(before_path: str, after_path: str) -> int:
@@ -70,10 +72,4 @@ if __name__ == "__main__":
     ap.add_argument("before", help="codegen show --json of the old tree")
     ap.add_argument("after", help="codegen show --json of the new tree")
     args = ap.parse_args()
-    try:
-        sys.exit(quiet_on_closed_pipe(lambda: main(args.before, args.after)))
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-            sys.exit(2)
-        raise
+    sys.exit(quiet_on_closed_pipe(lambda: main(args.before, args.after)))
