@@ -35,6 +35,12 @@ def _parse():
     ap.add_argument("--only", default=None, help="regex: run only the cases whose name matches")
     ap.add_argument("--budget-s", type=float, default=225.0, help="configs past this many seconds are skipped")
     ap.add_argument("--flex", action="store_true", help="time compiled FlexAttention on the windowed d=128 case")
+    ap.add_argument(
+        "--kv-tma",
+        choices=["off", "on", "both"],
+        default="both",
+        help="prefill K/V loads: pointers (off), TMA descriptors (on) or each config both ways (default)",
+    )
     return ap.parse_args()
 
 
@@ -82,11 +88,11 @@ def _sweep_prefill(
         win_left, win_right, softcap, alibi, sinks, bt, bt_stride, skb, svb, k_scale, v_scale,
         HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr,
         WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
-        PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
+        PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr, KV_DESC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
     prefill_body(q, k, v, o, cu_q, cu_k, sm_scale, group, sqt, sqh, skt, skh, svt, svh, sot, soh,
                  win_left, win_right, softcap, alibi, sinks, bt, bt_stride, skb, svb, k_scale, v_scale,
-                 HEAD_DIM, HEAD_PAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, SINKS, PAGED, BLOCK_SIZE, KV_FP8,
+                 HEAD_DIM, HEAD_PAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, SINKS, PAGED, BLOCK_SIZE, KV_FP8, KV_DESC,
                  BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DOT_PREC=DOT_PREC)
 
 
@@ -317,16 +323,22 @@ def one_prefill_case(name, D, H, Hkv, seqs, n, causal, window, softcap):
             case[f"{peer}_tflops"] = flops / (ms * 1e-3) / 1e12
         except Exception as e:  # noqa: BLE001
             record_error(f"{name} {peer}", e)
-    for bm, bn, w, s in PREFILL_TILES[ATT.tile_of(D)]:
+    # TMA descriptor loads where the part has them (ops.py's Attention.prefill kv_tma); the
+    # record's own choice (attention_launch's prefill_kv_tma) marks the spec row.
+    spec_tma = bool(ATT.select(DT, D, hw=HW, device=torch.device(DEV), uses=frozenset(uses)).launch.prefill_kv_tma)
+    tma_ways = {"off": [False], "on": [True], "both": [False, True]}[ARGS.kv_tma]
+    for (bm, bn, w, s), tma in ((t, m) for t in PREFILL_TILES[ATT.tile_of(D)] for m in tma_ways):
         kern = prefill_kernel(bm, bn, w, s)
-        cfg = {"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": s, "spec": spec_tag(kern, spec)}
+        cfg = {"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": s, "kv_tma": tma,
+               "spec": spec_tag(kern, spec) and tma == spec_tma}  # fmt: skip
         case["configs"].append(cfg)
-        if over_budget(f"{name} {kern.name}"):
+        if over_budget(f"{name} {kern.name}{' tma' if tma else ''}"):
             cfg["skipped"] = "budget"
             continue
 
         def ours():
-            ATT.prefill(q, k, v, cu, cu, n, n, causal=causal, scale=scale, out=out, hw=HW, kernel=kern, **feat)
+            ATT.prefill(q, k, v, cu, cu, n, n, causal=causal, scale=scale, out=out, hw=HW, kernel=kern, kv_tma=tma,
+                        **feat)  # fmt: skip
 
         try:
             out.fill_(float("nan"))
@@ -345,7 +357,7 @@ def one_prefill_case(name, D, H, Hkv, seqs, n, causal, window, softcap):
     good = [c for c in case["configs"] if "tflops" in c]
     if good:
         best = max(good, key=lambda c: c["tflops"])
-        case["best"] = {k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages", "tflops")}
+        case["best"] = {k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages", "kv_tma", "tflops")}
         spec_row = next((c for c in good if c["spec"]), None)
         if spec_row:
             case["best_over_spec"] = best["tflops"] / spec_row["tflops"]
@@ -358,6 +370,7 @@ def print_prefill(case):
         f"spec {case['spec_kernel']}  {peers}")  # fmt: skip
     for c in case["configs"]:
         tile = f"{c['block_m']:4d} x {c['block_n']:<4d} w{c['num_warps']} s{c['num_stages']}"
+        tile += " tma" if c.get("kv_tma") else "    "
         what = f"{c['tflops']:8.1f} TFLOP/s" if "tflops" in c else (c.get("skipped") or c.get("error") or "FAILED")
         log(f"    {tile}  {what}{'  (spec)' if c['spec'] else ''}")
 

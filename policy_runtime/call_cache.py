@@ -24,6 +24,7 @@ import threading
 from typing import Any, Iterator, Optional
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import direct as _direct
 from . import launch as _launch
@@ -145,8 +146,10 @@ def step(fn: Any, *args: Any, **kwargs: Any) -> Any:
     depends only on the call's key (an allocation of a shape the key gives, ``zero_``, ``copy_``;
     never one reading tensor contents on the host).  A call being recorded remembers it, so that
     its plan makes it again in the same place among the launches, on that call's tensors (keyword
-    arguments are constants).  Returns fn's result: a tensor, a tuple of tensors, or one of its
-    tensor arguments (an in-place op)."""
+    arguments are constants).  Returns fn's result: a tensor, a tuple of tensors, one of its
+    tensor arguments (an in-place op), or a TMA descriptor over its tensor arguments (Triton's
+    ``TensorDescriptor``, which a kernel takes in a tensor's place: a plan makes it again on the
+    call's tensors)."""
     result = fn(*args, **kwargs)
     if _direct.RECORDERS:
         recording = _direct.RECORDERS.get(threading.get_ident())
@@ -222,6 +225,9 @@ class _PoolPlan(Plan):
                 fn(*pick(pool), **kwargs)
         return pool
 
+
+# What an op made through ``step`` may return for a plan to make again.
+_PRODUCTS = (torch.Tensor, TensorDescriptor)
 
 # A key whose call launches nothing (a vendor path, an empty problem): its full path runs.
 NO_PLAN = Plan((), None)
@@ -352,10 +358,10 @@ class CallCache:
         raw = []
 
         def ref(v: Any) -> Any:
-            if isinstance(v, torch.Tensor) and not (held and id(v) not in where and id(v) not in made):
-                r = made.get(id(v))
-                if r is not None:
-                    return r
+            r = made.get(id(v))  # a product of an op (a tensor, or a descriptor over one)
+            if r is not None:
+                return r
+            if isinstance(v, torch.Tensor) and not (held and id(v) not in where):
                 i = where.get(id(v))
                 if i is None or tensors[i] is not v:
                     raise _Unplanned
@@ -376,7 +382,7 @@ class CallCache:
                     outs = _outputs(event)
                     if outs is None:
                         products = 0  # in place: nothing, or one of its arguments, returned
-                    elif all(isinstance(t, torch.Tensor) and id(t) not in where for t in outs):
+                    elif all(isinstance(t, _PRODUCTS) and id(t) not in where for t in outs):
                         products = 2 if isinstance(result, (tuple, list)) else 1
                     else:
                         return self._none(key)

@@ -4,7 +4,8 @@ kernel's launcher with the arguments in place.
 
 ``launch(kernel, grid, args, kwargs)`` keys each launch by exactly what Triton specializes on
 (``launch_class``: the device, each tensor's dtype and 16-byte pointer alignment, each integer's
-class (== 1, % 16, 32/64-bit range), constexpr values, the options); the first launch of a class
+class (== 1, % 16, 32/64-bit range), each TMA descriptor's dtype and block shape, constexpr
+values, the options); the first launch of a class
 goes through Triton and remembers its ``CompiledKernel``, later ones call it directly.  Under
 ``TRITON_INTERPRET=1`` there is no compiled kernel: entries launch through ``interpreted_launch``
 (``kernel[grid](...)``), so the cache logic still runs on the CPU.  ``POLICY_RUNTIME_DIRECT_LAUNCH=0``
@@ -25,6 +26,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 # Read as launch.py reads it (no import of launch.py, which imports this module).
@@ -91,6 +93,11 @@ def _value_class(v: Any, const: bool) -> Any:
         return "i1"
     if t is float:
         return "fp32"
+    if t is TensorDescriptor:
+        # A host TMA descriptor: Triton specializes on its dtype and block shape (shape and
+        # strides are run-time arguments; the base is 16-byte aligned by construction).
+        extra = (getattr(v, "padding", None), getattr(v, "round_f32_to_tf32", None))
+        return (t, v.base.dtype, tuple(v.block_shape), *extra)
     return (t, v)  # None, dtypes and the rest: by value (unhashable ones are never cached)
 
 

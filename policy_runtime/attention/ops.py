@@ -26,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import launch as _launch
-from ..call_cache import NO_PLAN, CallCache, args_key, lookup, tensor_key
+from ..call_cache import NO_PLAN, CallCache, args_key, lookup, step, tensor_key
 from ..fp8_kv import FP8_DTYPE, kv_scales, unserved_error
 from ..sizing import grid_even_share
 
@@ -111,41 +112,50 @@ def _sink(acc, m_i, l_i, sink):
 
 @triton.jit
 def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale, sm_scale, softcap,
-                  slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row, skb, svb, MASKED: tl.constexpr,
-                  CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PADDED: tl.constexpr, WINDOW: tl.constexpr,
-                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                  KV_FP8: tl.constexpr):
+                  slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row, skb, svb, desc_row, desc_col,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PADDED: tl.constexpr,
+                  WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr, KV_DESC: tl.constexpr):
     # Keys [start, start + BLOCK_N) of one sequence.  MASKED: the tile may cross the end of the
     # keys or (CAUSAL) the diagonal or (WINDOW) an edge of the window; an unmasked tile is seen
     # whole by every row.  PADDED: the tile's columns past the head_dim are not loaded (zeros).
     # PAGED: key j is at block bt_row[j // BLOCK_SIZE], slot j % BLOCK_SIZE of the caches.
     # KV_FP8: the tiles are e4m3fn, converted (exactly) to the query's dtype; their scales are
-    # folded into sm_scale / qk_scale and the output by the caller.
+    # folded into sm_scale / qk_scale and the output by the caller.  KV_DESC: k_base and v_base
+    # are TMA descriptors over [total_k, num_kv_heads * head_dim] (the tile at row desc_row +
+    # start, column desc_col); rows past total_k read as zeros, rows of the next sequence are
+    # masked as past k_len (and zeroed in V: p = 0 times a non-finite value would not be 0).
     cols = start + offs_n
-    if PAGED:
-        blk = tl.load(bt_row + cols // BLOCK_SIZE, mask=cols < k_len, other=0).to(tl.int64)
-        slot = cols % BLOCK_SIZE
-        k_ptrs = k_base + (blk * skb + slot * skt)[:, None] + offs_d[None, :]
-        v_ptrs = v_base + (blk * svb + slot * svt)[:, None] + offs_d[None, :]
+    if KV_DESC:
+        k = k_base.load([desc_row + start, desc_col])
+        v = v_base.load([desc_row + start, desc_col])
+        if MASKED:
+            v = tl.where((cols < k_len)[:, None], v, 0.0)
     else:
-        rows = cols.to(tl.int64)
-        k_ptrs = k_base + rows[:, None] * skt + offs_d[None, :]
-        v_ptrs = v_base + rows[:, None] * svt + offs_d[None, :]
-    if MASKED:
-        in_k = cols < k_len
-        if PADDED:
-            k = tl.load(k_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
+        if PAGED:
+            blk = tl.load(bt_row + cols // BLOCK_SIZE, mask=cols < k_len, other=0).to(tl.int64)
+            slot = cols % BLOCK_SIZE
+            k_ptrs = k_base + (blk * skb + slot * skt)[:, None] + offs_d[None, :]
+            v_ptrs = v_base + (blk * svb + slot * svt)[:, None] + offs_d[None, :]
         else:
-            k = tl.load(k_ptrs, mask=in_k[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=in_k[:, None], other=0.0)
-    else:
-        if PADDED:
-            k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+            rows = cols.to(tl.int64)
+            k_ptrs = k_base + rows[:, None] * skt + offs_d[None, :]
+            v_ptrs = v_base + rows[:, None] * svt + offs_d[None, :]
+        if MASKED:
+            in_k = cols < k_len
+            if PADDED:
+                k = tl.load(k_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
+                v = tl.load(v_ptrs, mask=in_k[:, None] & d_ok[None, :], other=0.0)
+            else:
+                k = tl.load(k_ptrs, mask=in_k[:, None], other=0.0)
+                v = tl.load(v_ptrs, mask=in_k[:, None], other=0.0)
         else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+            if PADDED:
+                k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+                v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+                v = tl.load(v_ptrs)
     if KV_FP8:
         k = k.to(q.dtype)
         v = v.to(q.dtype)
@@ -154,7 +164,7 @@ def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag
         # flash-attn's ALiBi: -slope * |i + k_len - q_len - j| (slope in base 2 here).
         s = s - slope * tl.abs(diag[:, None] - cols[None, :]).to(tl.float32)
     if MASKED:
-        seen = in_k[None, :]
+        seen = (cols < k_len)[None, :]
         if CAUSAL:
             seen = seen & (cols[None, :] <= diag[:, None])
         if WINDOW:
@@ -168,8 +178,8 @@ def prefill_body(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, s
              sot, soh, win_left, win_right, softcap, alibi_ptr, sinks_ptr, bt_ptr, bt_stride, skb, svb, k_scale,
              v_scale, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
              SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, PAGED: tl.constexpr,
-             BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             DOT_PREC: tl.constexpr):
+             BLOCK_SIZE: tl.constexpr, KV_FP8: tl.constexpr, KV_DESC: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
     # grid = (query blocks of the longest sequence, heads, sequences).  Program (i, h, b) takes
     # query block (last - i) of sequence b, head h: under a causal mask the longest blocks start
     # first.  Lengths are read from cu_q / cu_k, never passed as arguments: a new length
@@ -181,7 +191,9 @@ def prefill_body(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, s
     # logit sinks[h] joins the softmax denominator.  PAGED (flash-attn's block_table): k_ptr and
     # v_ptr are paged caches, sequence b's key j at block bt[b, j // BLOCK_SIZE], and cu_k gives
     # the lengths only.  KV_FP8: e4m3fn K/V, dequantized as fp8 * k_scale (folded into sm_scale)
-    # and fp8 * v_scale (applied to the output).
+    # and fp8 * v_scale (applied to the output).  KV_DESC (neither PAGED nor KV_FP8, HEAD_PAD ==
+    # HEAD_DIM): k_ptr and v_ptr are TMA descriptors over K and V viewed as [total_k, num_kv_heads
+    # * head_dim], tiles of BLOCK_N x HEAD_DIM (the strides skt, skh, svt, svh are theirs).
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
@@ -203,7 +215,12 @@ def prefill_body(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, s
     else:
         q_mask = in_q[:, None]
     q = tl.load(q_ptr + q_rows[:, None] * sqt + head * sqh + offs_d[None, :], mask=q_mask, other=0.0)
-    if PAGED:
+    desc_col = kv_head * HEAD_DIM
+    if KV_DESC:
+        k_base = k_ptr
+        v_base = v_ptr
+        bt_row = bt_ptr
+    elif PAGED:
         k_base = k_ptr + kv_head * skh
         v_base = v_ptr + kv_head * svh
         bt_row = bt_ptr + seq.to(tl.int64) * bt_stride
@@ -241,18 +258,18 @@ def prefill_body(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, s
         for start in range(lo, tl.minimum(edge, hi), BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
                                           sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
-                                          skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP, ALIBI,
-                                          PAGED, BLOCK_SIZE, KV_FP8)
+                                          skb, svb, k_start, desc_col, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM,
+                                          True, SOFTCAP, ALIBI, PAGED, BLOCK_SIZE, KV_FP8, KV_DESC)
         for start in range(edge, full_hi, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
                                           sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
-                                          skb, svb, False, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP,
-                                          ALIBI, PAGED, BLOCK_SIZE, KV_FP8)
+                                          skb, svb, k_start, desc_col, False, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM,
+                                          True, SOFTCAP, ALIBI, PAGED, BLOCK_SIZE, KV_FP8, KV_DESC)
         for start in range(tl.maximum(full_hi, edge), hi, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
                                           sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
-                                          skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, True, SOFTCAP, ALIBI,
-                                          PAGED, BLOCK_SIZE, KV_FP8)
+                                          skb, svb, k_start, desc_col, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM,
+                                          True, SOFTCAP, ALIBI, PAGED, BLOCK_SIZE, KV_FP8, KV_DESC)
     else:
         if CAUSAL:
             hi = tl.minimum(k_len, (m_block + 1) * BLOCK_M + shift)
@@ -265,13 +282,13 @@ def prefill_body(q_ptr, k_ptr, v_ptr, o_ptr, cu_q, cu_k, sm_scale, group, sqt, s
         for start in range(0, whole, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
                                           sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
-                                          skb, svb, False, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP,
-                                          ALIBI, PAGED, BLOCK_SIZE, KV_FP8)
+                                          skb, svb, k_start, desc_col, False, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM,
+                                          False, SOFTCAP, ALIBI, PAGED, BLOCK_SIZE, KV_FP8, KV_DESC)
         for start in range(whole, hi, BLOCK_N):
             acc, m_i, l_i = _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag, qk_scale,
                                           sm_scale, softcap, slope, win_left, win_right, offs_n, offs_d, d_ok, bt_row,
-                                          skb, svb, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM, False, SOFTCAP,
-                                          ALIBI, PAGED, BLOCK_SIZE, KV_FP8)
+                                          skb, svb, k_start, desc_col, True, CAUSAL, DOT_PREC, HEAD_PAD != HEAD_DIM,
+                                          False, SOFTCAP, ALIBI, PAGED, BLOCK_SIZE, KV_FP8, KV_DESC)
     if SINKS:
         acc, m_i, l_i = _sink(acc, m_i, l_i, tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634)
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -780,16 +797,18 @@ class Attention:
     def prefill(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=True,
                 scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, out=None, hw=None,
                 block_table=None, k_scale=None, v_scale=None,
-                kernel: Optional[PrefillKernel] = None) -> torch.Tensor:
+                kernel: Optional[PrefillKernel] = None, kv_tma: Optional[bool] = None) -> torch.Tensor:
         """Varlen flash attention (generated/attention.py's prefill_attention).  ``kernel``
-        (tests, benchmarks) runs that prefill kernel instead of the target's.  A call of a class
-        seen before replays its launch (policy_runtime/call_cache.py): the launch depends on
+        (tests, benchmarks) runs that prefill kernel instead of the target's; ``kv_tma`` (tests,
+        benchmarks) asks for (True) or refuses (False) TMA descriptors for K and V where the call
+        allows them (default: the AttentionLaunch record's ``prefill_kv_tma``; with ``kernel``,
+        False).  A call of a class seen before replays its launch (policy_runtime/call_cache.py): the launch depends on
         max_seqlen_q / max_seqlen_k (in the key), never on cu_seqlens' contents, which a CPU
         call's hit checks again as the full path does."""
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         opts = (causal, scale, window_size, softcap, alibi_slopes, sinks, out, hw, block_table, k_scale, v_scale)
-        if kernel is not None:
-            return self._prefill(*args, *opts, kernel)[0]
+        if kernel is not None or kv_tma is not None:
+            return self._prefill(*args, *opts, kernel, kv_tma)[0]
         ck, plan = lookup(
             _PREFILL_CALLS,
             q,
@@ -804,15 +823,15 @@ class Attention:
             return _prefill_hit(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                                 sinks, out, block_table, k_scale, v_scale)
         if ck is None or plan is NO_PLAN:
-            return self._prefill(*args, *opts, None)[0]
+            return self._prefill(*args, *opts, None, None)[0]
         with _PREFILL_CALLS.record() as rec:
-            out, cls = self._prefill(*args, *opts, None)
+            out, cls = self._prefill(*args, *opts, None, None)
         _PREFILL_CALLS.commit(rec, ck, cls[0] if cls else (), data=cls[1] if cls else None)
         return out
 
     def _prefill(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                  window_size, softcap, alibi_slopes, sinks, out, hw, block_table, k_scale, v_scale,
-                 kernel) -> tuple[torch.Tensor, Optional[tuple]]:
+                 kernel, kv_tma) -> tuple[torch.Tensor, Optional[tuple]]:
         # The full path: (out, (the named tensors of its launch, _PrefillClass)), or (out, None)
         # where it launched nothing.
         op = "prefill_attention"
@@ -871,7 +890,10 @@ class Attention:
         if cu_seqlens_q.device.type == "cpu":
             _prefill_host_checks(q, k, cu_seqlens_q, cu_seqlens_k, block_table, max_q, max_seqlen_k)
         if kernel is None:
-            kernel = self.select(q.dtype, D, hw, q.device, feat.uses, kv_fp8=kv_fp8).prefill
+            sel = self.select(q.dtype, D, hw, q.device, feat.uses, kv_fp8=kv_fp8)
+            kernel = sel.prefill
+            if kv_tma is None:
+                kv_tma = bool(getattr(sel.launch, "prefill_kv_tma", False))
         elif kv_fp8:
             self.select(q.dtype, D, hw, q.device, kv_fp8=True)  # the target must serve fp8 caches
         elif kernel.dtype_class != _CLASS_OF[dkey]:
@@ -896,16 +918,20 @@ class Attention:
         # Paged: (block, slot, head) strides of the caches; else (token, head) and no blocks.
         kst, vst = (k.stride(), v.stride()) if paged else ((0, *k.stride()), (0, *v.stride()))
         bt = block_table if paged else _unused_i32(q.device)
+        # TMA descriptors for K and V (made through call_cache.step: a replayed call makes its own).
+        desc = (bool(kv_tma) and not paged and not kv_fp8 and kernel.dtype_class == "16bit" and _tma_rows(k, D)
+                and _tma_rows(v, D))  # fmt: skip
+        kk, vv = (step(_kv_descriptor, k, kernel.block_n), step(_kv_descriptor, v, kernel.block_n)) if desc else (k, v)
 
         with _launch.on_device(q):
             _launch.launch_kernel(
                 kernel.kernel, grid,
-                q, k, v, out, cu_q, cu_k, sm_scale, H // Hkv,
+                q, kk, vv, out, cu_q, cu_k, sm_scale, H // Hkv,
                 q.stride(0), q.stride(1), kst[1], kst[2], vst[1], vst[2],
                 out.stride(0), out.stride(1), win_left, win_right, feat.softcap, alibi, sink,
                 bt, bt.stride(0) if paged else 0, kst[0], vst[0], ks, vs,
                 D, _tile_width(D), bool(causal), window, feat.softcap > 0.0, feat.alibi is not None,
-                feat.sinks is not None, paged, bs, kv_fp8,
+                feat.sinks is not None, paged, bs, kv_fp8, desc,
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages,
             )  # fmt: skip
         # As _prefill_hit names them: an object at most once (call_cache's commit).
@@ -1272,6 +1298,28 @@ def _prefill_hit(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, alibi,
         plan.launch((q, k, v, out, cu_q, None if cu_k is cu_q else cu_k, alibi, sinks, block_table, ks, vs, c.dummy,
                      c.dummy_i32))
     return out
+
+
+def _tma_rows(t: torch.Tensor, head_dim: int) -> bool:
+    # Can K or V [total_k, num_kv_heads, head_dim] be read as a TMA descriptor's [total_k,
+    # num_kv_heads * head_dim]?  head_dim a power of two of at least 16 bytes (the tile is not
+    # padded), heads packed in a token's row, the base and the row stride 16-byte aligned.
+    es = t.element_size()
+    return (
+        head_dim & (head_dim - 1) == 0
+        and head_dim * es >= 16
+        and (t.shape[1] == 1 or t.stride(1) == head_dim)
+        and t.shape[0] > 0
+        and (t.stride(0) * es) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def _kv_descriptor(t: torch.Tensor, block_n: int) -> TensorDescriptor:
+    # A TMA descriptor over K or V [total_k, num_kv_heads, head_dim] (``_tma_rows``) viewed as
+    # [total_k, num_kv_heads * head_dim], tiles of block_n keys x one head.
+    T, H, D = t.shape
+    return TensorDescriptor(t, [T, H * D], [t.stride(0), 1], [block_n, D])
 
 
 _UNUSED: dict[torch.device, torch.Tensor] = {}
