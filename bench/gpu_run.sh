@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session: the generated kernels' tests on the GPU (bf16 is checked by the benchmarks),
-# then a benchmark.  Usage: bench/gpu_run.sh {tests,sweep,matmul,membound,attention,moe,peers,host_cost,warmup_classes,scaled_mm,moe_fp8,first_call,warmup,fp8_kv,window}...   Logs go to $OUT (or /tmp).
+# then a benchmark.  Usage: bench/gpu_run.sh {tests,sweep,matmul,membound,attention,moe,peers,host_cost,warmup_classes,scaled_mm,moe_fp8,first_call,warmup,fp8_kv,window,prefill_tma}...   Logs go to $OUT (or /tmp).
 # first_call: only matmul's first-call latencies, 3 repeats (they move by tenths of a second between processes).
 # warmup: ahead-of-time warm-up of every kernel module (bf16, fp16), then the first calls after it and autotune's, 3 repeats.
 set -u
@@ -15,7 +15,7 @@ for step in "$@"; do
         tests)
             # The kernel test files (the compiler's need pydantic, the warm-up plan tests the interpreter):
             # about 250 s on 14 workers.
-            python3 -m pytest -q -p no:cacheprovider -n 14 --tb=short -rfE \
+            python3 -m pytest -q -p no:cacheprovider -n 14 --tb=short -rfEs \
                 tests/test_matmul.py tests/test_transform*.py tests/test_cache.py tests/test_attention*.py tests/test_moe*.py \
                 tests/test_first_launch.py tests/test_detect.py tests/test_parity.py tests/test_fp8_kv*.py tests/test_fp8_cast.py \
                 tests/test_scaled_mm.py tests/test_feature_records.py tests/test_direct_launch*.py tests/test_call_cache*.py \
@@ -48,6 +48,8 @@ for step in "$@"; do
             python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_attention_features_gpu.py tests/test_feature_records.py \
                 2>&1 | tee "$OUT/gpu_tests_window.log" | tail -5 || status=1
             python3 bench/attention.py --phases window --json "$OUT/attention_window.json" 2>&1 | tee "$OUT/bench_attention_window.log" || status=1 ;;
+        # Issue 33: prefill's K/V through TMA descriptors against pointer loads, same kernels (~40 s).
+        prefill_tma) python3 bench/prefill_tma.py --json "$OUT/prefill_tma.json" 2>&1 | tee "$OUT/bench_prefill_tma.log" || status=1 ;;
         first_call) python3 bench/matmul.py --first-call-only --repeats 3 2>&1 | tee "$OUT/bench_first_call.log" || status=1 ;;
         warmup) python3 bench/warmup.py --repeats 3 2>&1 | tee "$OUT/bench_warmup.log" || status=1 ;;
         # Issue 35 item 4: the FP8 KV cache's tests on the GPU, then its decode phase (~1 min).

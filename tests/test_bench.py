@@ -364,7 +364,7 @@ def test_scaled_mm_tiles_smoke(bench):
     assert len(rows) == 11 + 11 + 7 and "FAILED" not in out, out
 
 
-@pytest.mark.parametrize("script", ["scaled_mm_block_variants.py", "decode_plans.py"])
+@pytest.mark.parametrize("script", ["scaled_mm_block_variants.py", "decode_plans.py", "prefill_tma.py"])
 def test_a_reader_that_closes_early_ends_the_run_quietly(script):
     """`bench/<script> | head -1`: the run ends with the shell's SIGPIPE status (141) and no
     traceback, as coreutils do (policy_runtime/report.py's quiet_on_closed_pipe around its main)."""
@@ -444,6 +444,19 @@ def test_decode_plans_and_moe_fp8_accuracy_smoke(bench, tmp_path):
     assert all(float(re.search(r"out err (\S+)", r).group(1)) < 1e-2 for r in rows)
     differs = [float(m) for m in re.findall(r"differs from that rounding in (\S+)%", out)]
     assert len(differs) == 1 and all(d < 1.0 for d in differs)
+
+
+def test_prefill_tma_smoke(bench, tmp_path):
+    """bench/prefill_tma.py: each case's kernel with pointer loads and with TMA descriptors, both
+    checked against SDPA (ragged, full and windowed batches); h200's record asks for TMA there."""
+    bench("prefill_tma.py", "--json", str(tmp_path / "p.json"))
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert len(result["cases"]) == 3
+    for case in result["cases"]:
+        assert case["policy_tma"] and case["public_err"] < 1e-2
+        names = sorted(case["methods"])
+        assert names == [f"{case['policy_kernel']} pointers", f"{case['policy_kernel']} tma"]
+        assert all(m["err"] < 1e-2 for m in case["methods"].values()), case
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a Hopper-class GPU")
