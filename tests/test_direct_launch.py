@@ -7,6 +7,7 @@ named, and the argument assembly of a compiled entry (checked with a stand-in co
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -156,6 +157,31 @@ def test_a_compiled_entry_passes_the_bound_arguments_in_signature_order(monkeypa
     seen.clear()
     entry2((1,), args2, kwargs2, 0)
     assert seen[0][9:] == (x, out, 4, 1, 2.0, 16, 1.0)
+
+
+def test_a_wrapper_without_run_goes_through_its_own_launch(monkeypatch):
+    """The compiled path given an object that is not a JITFunction and has no ``run`` (the tile
+    sweep's kernels with some constexprs fixed, bench/attention_sweep.py's Bound): launched as
+    ``kernel[grid](...)``, every time, no entry made, and a recording call told it cannot replay."""
+    launched = []
+
+    class Wrapper:
+        fn = _scale_kernel.fn
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: launched.append((grid, a, kw))
+
+    monkeypatch.setattr(direct, "INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    x, out = torch.zeros(4), torch.zeros(4)
+    wrapper = Wrapper()
+    rec = []
+    monkeypatch.setitem(direct.RECORDERS, threading.get_ident(), rec)  # as CallCache.record sets it
+    for _ in range(2):
+        direct.launch(wrapper, (1,), (x, out, 4, 1, 2.0), {"num_warps": 1})
+    assert launched == [((1,), (x, out, 4, 1, 2.0), {"num_warps": 1})] * 2
+    assert direct.size() == 0
+    assert rec == [None, None]
 
 
 # ---------------------------------------------------------------------------------------------
