@@ -114,6 +114,7 @@ def _misaligned(T, D):
         ("head stride != head_dim", 64, torch.float16),
         ("misaligned base", 64, torch.float16),
         ("fp32", 64, torch.float32),
+        ("rows overlap (broadcast keys)", 64, torch.float16),
     ],
 )
 def test_calls_tma_cannot_serve_take_the_pointer_loads(layout, D, dtype, descriptors):
@@ -125,6 +126,9 @@ def test_calls_tma_cannot_serve_take_the_pointer_loads(layout, D, dtype, descrip
     elif layout == "misaligned base":
         k, v = _misaligned(T, D), _misaligned(T, D)
         assert k.data_ptr() % 16 != 0
+    elif layout == "rows overlap (broadcast keys)":
+        # Row stride 0 is 16-byte aligned, but a TMA tensor map's row stride must span a row.
+        k, v = rnd(1, HKV, D, dtype=dtype).expand(T, HKV, D), rnd(1, HKV, D, dtype=dtype).expand(T, HKV, D)
     else:
         k, v = rnd(T, HKV, D, dtype=dtype), rnd(T, HKV, D, dtype=dtype)
     got = run(q, k, v, lens, lens, kv_tma=True, causal=True)

@@ -1303,13 +1303,15 @@ def _prefill_hit(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, alibi,
 def _tma_rows(t: torch.Tensor, head_dim: int) -> bool:
     # Can K or V [total_k, num_kv_heads, head_dim] be read as a TMA descriptor's [total_k,
     # num_kv_heads * head_dim]?  head_dim a power of two of at least 16 bytes (the tile is not
-    # padded), heads packed in a token's row, the base and the row stride 16-byte aligned.
+    # padded), heads packed in a token's row, rows that do not overlap (a tensor map's row stride
+    # spans its row: no broadcast keys), the base and the row stride 16-byte aligned.
     es = t.element_size()
     return (
         head_dim & (head_dim - 1) == 0
         and head_dim * es >= 16
         and (t.shape[1] == 1 or t.stride(1) == head_dim)
         and t.shape[0] > 0
+        and t.stride(0) >= t.shape[1] * head_dim
         and (t.stride(0) * es) % 16 == 0
         and t.data_ptr() % 16 == 0
     )
