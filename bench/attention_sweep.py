@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Sweep attention tiles on one GPU (H200), bf16: which prefill and decode configs to put in the specs.
 
-    python3 bench/attention_sweep.py --json OUT.json                 # every case (~4 min on the H200)
+    python3 bench/attention_sweep.py --json OUT.json                 # every case, to --budget-s (225 s)
     python3 bench/attention_sweep.py --json OUT.json --only 'prefill d=128' --budget-s 55
     python3 bench/attention_sweep.py --cpu-smoke --hw h200 --json OUT.json   # tiny fp16, interpreter
 
-Prefill: (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (64/128/256) on causal, non-causal and
-sliding-window (+ soft-cap) cases, in TFLOP/s, with SDPA (its default backend, flash or cuDNN as
+Prefill: (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (64/128/256), each with pointer and TMA
+loads of K/V (--kv-tma), on causal (8k and 16 x 1k tokens), non-causal and sliding-window (+ soft-cap)
+cases, in TFLOP/s, with SDPA (its default backend, flash or cuDNN as
 torch picks) beside the plain cases and compiled FlexAttention beside the windowed d=128 case (--flex; its compile takes about a minute).  Decode:
 (block_n, num_warps, num_stages, FP8_VIA_F16) over bf16 and fp8 caches and a window, then V2
 partition sizes with the case's best tile, as a fraction of a device copy of the bytes read.  Every
@@ -164,13 +165,19 @@ else:
         ("prefill d=128 window", 128, 32, 8, 1, 16384, True, 4096, 0.0),
         ("prefill d=256 causal", 256, 16, 4, 1, 8192, True, 0, 0.0),
         ("prefill d=256 window softcap", 256, 16, 8, 1, 16384, True, 4096, 50.0),
+        # Short sequences (16 x 1k), where the peers lead most (bench/RESULTS.md's prefill table):
+        # a tile is chosen over both lengths.
+        ("prefill d=64 causal 1k", 64, 32, 8, 16, 1024, True, 0, 0.0),
+        ("prefill d=128 causal 1k", 128, 32, 8, 16, 1024, True, 0, 0.0),
+        ("prefill d=256 causal 1k", 256, 16, 4, 16, 1024, True, 0, 0.0),
     ]
-    # (BLOCK_M, BLOCK_N, num_warps, num_stages): the spec's h200 tiles (128x128 w8 s2 at d <= 128,
-    # 64x64 w8 s2 at 256), the tutorial's 128x64 and deeper pipelines, within 227 KB of K/V stages.
+    # (BLOCK_M, BLOCK_N, num_warps, num_stages): the base rule's tiles (128x128 w8 s2 at d <= 128,
+    # 64x64 w8 s2 at 256), the h200 policy's (64x64 w4 s3, 128x128 w8 s3, 128x64 w8 s2), the
+    # tutorial's 128x64 and deeper pipelines, within 227 KB of K/V stages.
     PREFILL_TILES = {
         64: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3)],
         128: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
-              (64, 128, 4, 2), (128, 32, 8, 4)],
+              (64, 128, 4, 2), (128, 32, 8, 4), (128, 64, 4, 2), (64, 64, 4, 2)],
         256: [(64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
               (64, 128, 8, 1)],
     }  # fmt: skip

@@ -21,7 +21,7 @@ for step in "$@"; do
                 tests/test_scaled_mm.py tests/test_feature_records.py tests/test_direct_launch*.py tests/test_call_cache*.py \
                 tests/test_warmup_gpu.py tests/test_host_cost.py \
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || status=1 ;;
-        # The attention tile sweep (prefill and decode tiles, ~4 min), for the specs' h200 policies.
+        # The attention tile sweep (prefill and decode tiles, cut at 235 s), for the specs' h200 policies.
         sweep) python3 bench/attention_sweep.py --json "$OUT/attention_sweep.json" --budget-s 235 2>&1 | tee "$OUT/attention_sweep.log" || status=1 ;;
         matmul) python3 bench/matmul.py 2>&1 | tee "$OUT/bench_matmul.log" || status=1 ;;
         membound) python3 bench/membound.py 2>&1 | tee "$OUT/bench_membound.log" || status=1 ;;
