@@ -311,7 +311,8 @@ def one_prefill_case(name, D, H, Hkv, seqs, n, causal, window, softcap):
     scale = 1 / math.sqrt(D)
     feat = dict(window_size=(window - 1, 0) if window else (-1, -1), softcap=softcap)
     uses = tuple(u for u, on in (("window", window), ("softcap", softcap)) if on)
-    spec = ATT.select(DT, D, hw=HW, device=torch.device(DEV), uses=frozenset(uses)).prefill
+    sel = ATT.select(DT, D, hw=HW, device=torch.device(DEV), uses=frozenset(uses))
+    spec = sel.prefill
     rows, ref = prefill_reference(q, k, v, seqs, n, causal, window, softcap, scale)
     flops = prefill_flops(seqs, n, H, D, causal, window)
     case = {"name": name, "head_dim": D, "heads": [H, Hkv], "seqs": seqs, "seq": n, "causal": causal,
@@ -332,7 +333,7 @@ def one_prefill_case(name, D, H, Hkv, seqs, n, causal, window, softcap):
             record_error(f"{name} {peer}", e)
     # TMA descriptor loads where the part has them (ops.py's Attention.prefill kv_tma); the
     # record's own choice (attention_launch's prefill_kv_tma) marks the spec row.
-    spec_tma = bool(ATT.select(DT, D, hw=HW, device=torch.device(DEV), uses=frozenset(uses)).launch.prefill_kv_tma)
+    spec_tma = sel.launch.prefill_kv_tma
     tma_ways = {"off": [False], "on": [True], "both": [False, True]}[ARGS.kv_tma]
     for (bm, bn, w, s), tma in ((t, m) for t in PREFILL_TILES[ATT.tile_of(D)] for m in tma_ways):
         kern = prefill_kernel(bm, bn, w, s)

@@ -501,7 +501,7 @@ class Decode:
 class Selected:
     """What serves a call: the target, the model whose records serve its head_dim, the
     AttentionConfig record (prefill tiles, decode thresholds, native flags), the AttentionLaunch
-    record (decode tiles) and the two kernels."""
+    record (decode tiles, prefill's K/V loads) and the two kernels."""
 
     target: str
     model: str
@@ -893,7 +893,7 @@ class Attention:
             sel = self.select(q.dtype, D, hw, q.device, feat.uses, kv_fp8=kv_fp8)
             kernel = sel.prefill
             if kv_tma is None:
-                kv_tma = bool(getattr(sel.launch, "prefill_kv_tma", False))
+                kv_tma = sel.launch.prefill_kv_tma
         elif kv_fp8:
             self.select(q.dtype, D, hw, q.device, kv_fp8=True)  # the target must serve fp8 caches
         elif kernel.dtype_class != _CLASS_OF[dkey]:
