@@ -5,6 +5,7 @@ specs/kernels/attention.toml were chosen from this).
 
     python3 bench/decode_plans.py                 # on a GPU (~15 s)
     python3 bench/decode_plans.py --stages 3 5    # each plan again with the decode kernel's num_stages forced
+    python3 bench/decode_plans.py --set ragged    # batches of 128-256 ragged lengths (the peers' decode cases)
     python3 bench/decode_plans.py --cpu-smoke --hw h200
 
 For each case (16-bit and fp8 caches, windows), the policy's plan and forced ones (V1; V2 in
@@ -30,6 +31,9 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes, CPU interpreter (no timing)")
 ap.add_argument("--hw", default=None, help="hardware spec name (default: detect the GPU)")
 ap.add_argument("--stages", type=int, nargs="*", default=[], help="also time each plan with the decode kernel's num_stages forced to each of these")
+ap.add_argument("--set", choices=("plans", "ragged"), default="plans",
+                help="plans: the cases the split plans were chosen on; ragged: large batches whose lengths are "
+                "bench/attention.py's RAGGED fractions of the context")
 ARGS = ap.parse_args()
 SMOKE = smoke_setup(ARGS)
 
@@ -59,6 +63,10 @@ def plan(S, Hkv, bound, cfg, lcfg):
         p = _POLICY_PLAN(S, Hkv, bound, cfg, lcfg)
     elif FORCED[0] == "v1":
         p = (1 << 30, cfg.partition_size, 1)
+    elif isinstance(FORCED[0], tuple):
+        # (v1_limit, partition): sequences of at most v1_limit tokens V1, longer ones V2.
+        parts = -(-bound // FORCED[0][1])
+        p = (FORCED[0][0], FORCED[0][1], parts) if parts > 1 else (1 << 30, FORCED[0][1], 1)
     else:
         parts = -(-bound // FORCED[0])
         p = (0, FORCED[0], parts) if parts > 1 else (1 << 30, FORCED[0], 1)
@@ -111,12 +119,19 @@ def copy_frac(nbytes, ms):
     return (nbytes / (ms * 1e-3)) / (2 * size / (cms * 1e-3))
 
 
-def case(D, H, Hkv, batch, ctx, window, fp8):
+# bench/attention.py's ragged lengths: these fractions of the context, in turn.
+RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
+
+
+def case(D, H, Hkv, batch, ctx, window, fp8, ragged=False):
     per = -(-ctx // BS)
     table = torch.randperm(batch * per, device=DEV).to(torch.int32).view(batch, per)
     kc = torch.randn(batch * per, BS, Hkv, D, device=DEV).to(DT)
     vc = torch.randn_like(kc)
     q = torch.randn(batch, H, D, device=DEV).to(DT)
+    if ragged:
+        lengths = [max(1, int(ctx * RAGGED[i % len(RAGGED)])) for i in range(batch)]
+        return ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
     kw, scale = {}, 1.0
     if fp8:
@@ -143,9 +158,27 @@ def case(D, H, Hkv, batch, ctx, window, fp8):
     STAGES[:] = []
 
 
-def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages):
+def ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q):
+    # A 16-bit cache, no window: each sequence's float32 reference over its own length.
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEV)
+    g = H // Hkv
+    ref = torch.empty(batch, H, D, device=DEV)
+    for b, n in enumerate(lengths):
+        toks = (table[b].long()[:, None] * BS + torch.arange(BS, device=DEV)).view(-1)[:n]
+        kf, vf = kc.view(-1, Hkv, D)[toks].float(), vc.view(-1, Hkv, D)[toks].float()
+        s = torch.einsum("hgd,whd->hgw", q[b].float().view(Hkv, g, D), kf) / math.sqrt(D)
+        ref[b] = torch.einsum("hgw,whd->hgd", torch.softmax(s, -1), vf).reshape(H, D)
+    out = torch.empty_like(q)
+    nbytes = 2 * sum(lengths) * Hkv * D * kc.element_size()
+    name = f"16-bit d={D} h={H}/{Hkv} batch={batch} ctx={ctx} ragged"
+    # Also mixed plans: V1 up to half or three quarters of the context, V2 partitions beyond.
+    mixed = tuple((int(ctx * f), ps) for f in (0.5, 0.75) for ps in (1024, 2048))
+    plans(name, q, kc, vc, table, lens, out, {}, ref, nbytes, None, mixed)
+
+
+def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages, mixed=()):
     seen = set()
-    for forced in (None, "v1", 256, 512, 1024, 2048, 4096):
+    for forced in (None, "v1", 256, 512, 1024, 2048, 4096, *mixed):
         FORCED[:] = [] if forced is None else [forced]
         call_cache.clear_all()  # a recorded plan would replay the previous split
 
@@ -156,12 +189,12 @@ def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages):
         fn()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         p = USED[0]
-        key = ("v1",) if p[2] == 1 else ("v2", p[1])
+        key = ("v1",) if p[2] == 1 else ("v2", p[1], p[0])
         if forced is not None and key in seen:
             continue
         seen.add(key)
-        what = "policy" if forced is None else f"forced {forced}"
-        split = "V1" if p[2] == 1 else f"V2 {p[2]} x {p[1]}"
+        what = "policy" if forced is None else f"forced {forced if not isinstance(forced, tuple) else 'mixed'}"
+        split = "V1" if p[2] == 1 else f"V2 {p[2]} x {p[1]}" + (f" over {p[0]}" if p[0] else "")
         line = f"{name:52s} {what:12s} {split:14s} stages {LAUNCHED[0]} err {err:.1e}"
         if err > 1e-2:
             line += "  WRONG"
@@ -176,7 +209,14 @@ def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages):
     FORCED[:] = []
 
 
-# (head_dim, heads, KV heads, batch, context, window, fp8)
+# (head_dim, heads, KV heads, batch, context, window, fp8[, ragged])
+RAGGED_CASES = [
+    (64, 4, 2, 6, 700, 0, False, True),
+] if SMOKE else [
+    (256, 16, 4, 256, 8192, 0, False, True), (256, 16, 2, 256, 8192, 0, False, True),
+    (128, 32, 8, 256, 8192, 0, False, True), (128, 64, 8, 256, 8192, 0, False, True),
+    (64, 16, 16, 256, 8192, 0, False, True), (256, 16, 2, 32, 32768, 0, False, True),
+]  # fmt: skip
 CASES = [
     (128, 4, 2, 2, 700, 300, True),
 ] if SMOKE else [
@@ -191,7 +231,7 @@ def main() -> int:
     t0 = time.time()
     print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}; "
           f"forced stages {ARGS.stages or 'none'}")
-    for c in CASES:
+    for c in RAGGED_CASES if ARGS.set == "ragged" else CASES:
         case(*c)
     print(f"done in {time.time() - t0:.0f} s")
     return 0

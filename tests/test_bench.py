@@ -438,6 +438,14 @@ def test_decode_plans_and_moe_fp8_accuracy_smoke(bench, tmp_path):
     assert {re.search(r"(V1|V2 \d+ x \d+)", r).group(1) for r in rows} == {"V1", "V2 2 x 256"}
     stages = [re.search(r" stages (\d+) ", r).group(1) for r in rows]
     assert stages == ["5"] * (len(rows) // 2) + ["2"] * (len(rows) // 2), stages
+    # Ragged lengths (each sequence its own float32 reference): V1, V2 for every sequence, and
+    # V2 only past a V1 limit (the policy's plan at this size, 12 programs).
+    out = bench("decode_plans.py", "--set", "ragged")
+    rows = [line for line in out.splitlines() if " err " in line]
+    assert rows and "WRONG" not in out and all("ragged" in r for r in rows)
+    assert all(float(re.search(r" err (\S+)", r).group(1)) < 1e-2 for r in rows)
+    splits = {re.search(r"(V1|V2 \d+ x \d+( over \d+)?) ", r).group(1) for r in rows}
+    assert {"V1", "V2 3 x 256", "V2 6 x 128 over 512"} <= splits, splits
     out = bench("moe_fp8_accuracy.py")
     rows = [line for line in out.splitlines() if line.startswith("T=")]
     assert [r.split()[1] for r in rows] == ["40", "40"]
