@@ -169,6 +169,25 @@ def test_prefill_through_the_public_function(target, head_dim):
     assert_close(got, prefill_ref(q, k, v, lq, lk, True, 1 / math.sqrt(head_dim)), torch.float16, target)
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 1e-3])
+def test_prefill_takes_any_finite_scale(scale):
+    """The kernels take a row's max of the raw scores before scaling them, which holds for a
+    positive scale only: a negative or zero scale reaches them as |scale| on -q, or 1 on zeros.
+    q is a strided view (a fused qkv projection's slice), the batch ragged with causal rows that
+    see no key, and the second call replays the first's plan (the copy of q made again)."""
+    lq, lk = [1, 37, 10, 70], [1, 37, 4, 150]
+    H, Hkv, D = 4, 2, 64
+    qkv = rnd(sum(lq), H + 2 * Hkv, D, dtype=torch.float16)
+    q = qkv[:, :H]
+    k, v = rnd(sum(lk), Hkv, D, dtype=torch.float16), rnd(sum(lk), Hkv, D, dtype=torch.float16)
+    cq, ck = i32(offsets(lq)), i32(offsets(lk))
+    ref = prefill_ref(q, k, v, lq, lk, True, scale)
+    for call in range(2):
+        got = at.prefill_attention(q, k, v, cq, ck, max(lq), max(lk), scale=scale, hw="h200")
+        assert_close(got, ref, torch.float16, f"scale={scale} call {call}")
+    assert bool((q == qkv[:, :H]).all())  # q itself is never written
+
+
 def test_prefill_out_rows_outside_every_sequence_are_left_alone():
     q = rnd(10, 2, 64, dtype=torch.float32)
     k = rnd(6, 2, 64, dtype=torch.float32)

@@ -58,12 +58,16 @@ _DECODE_CALLS = CallCache("decode_attention")
 
 
 @triton.jit
-def _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC: tl.constexpr):
-    # One key tile of the online softmax: s [rows, keys] are base-2 scores (-inf where masked),
-    # v [keys, dim] the tile's values.  Returns the rescaled state.
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+def _online_softmax_step(acc, m_i, l_i, s, v, s_scale, DOT_PREC: tl.constexpr):
+    # One key tile of the online softmax: s [rows, keys] times s_scale (> 0) are base-2 scores
+    # (-inf where masked), v [keys, dim] the tile's values.  Returns the rescaled state.
+    # Prefill passes raw q k^T and the logits scale: a row's max is scaled once, and the scale
+    # joins exp2's argument as one fused multiply-add an element, where scaling the tile first
+    # cost a multiply an element more (on an H200, 2-6% of prefill at head_dim 64 and 128;
+    # .scratch study of 2026-12-03, bench/RESULTS.md).  Decode passes scaled scores and 1.0.
+    m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
     alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    p = tl.math.exp2(s * s_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
@@ -159,10 +163,17 @@ def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag
     if KV_FP8:
         k = k.to(q.dtype)
         v = v.to(q.dtype)
-    s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
-    if ALIBI:
-        # flash-attn's ALiBi: -slope * |i + k_len - q_len - j| (slope in base 2 here).
-        s = s - slope * tl.abs(diag[:, None] - cols[None, :]).to(tl.float32)
+    if SOFTCAP or ALIBI or KV_FP8:
+        s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
+        if ALIBI:
+            # flash-attn's ALiBi: -slope * |i + k_len - q_len - j| (slope in base 2 here).
+            s = s - slope * tl.abs(diag[:, None] - cols[None, :]).to(tl.float32)
+        s_scale = 1.0
+    else:
+        # Raw q k^T, scaled in the softmax step (after a row's max: the host makes sm_scale > 0).
+        # With an fp8 cache k_scale joins the scale on the device, whose sign the host cannot see.
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+        s_scale = qk_scale
     if MASKED:
         seen = (cols < k_len)[None, :]
         if CAUSAL:
@@ -170,7 +181,7 @@ def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag
         if WINDOW:
             seen = seen & (cols[None, :] >= diag[:, None] - win_left) & (cols[None, :] <= diag[:, None] + win_right)
         s = tl.where(seen, s, float("-inf"))
-    return _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
+    return _online_softmax_step(acc, m_i, l_i, s, v, s_scale, DOT_PREC)
 
 
 @triton.jit
@@ -382,7 +393,7 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
         if ALIBI:
             s = s + slopes[:, None] * (toks - (seq_len - 1)).to(tl.float32)[None, :]
         s = tl.where(live[None, :], s, float("-inf"))
-        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, DOT_PREC)
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, 1.0, DOT_PREC)
     if SINKS:
         sink = tl.load(sinks_ptr + heads, mask=in_group, other=float("-inf")).to(tl.float32) * 1.4426950408889634
         acc, m_i, l_i = _sink(acc, m_i, l_i, tl.where(part == 0, sink, float("-inf")))
@@ -923,11 +934,19 @@ class Attention:
                 and _tma_rows(v, D))  # fmt: skip
         kk, vv = (step(_kv_descriptor, k, kernel.block_n), step(_kv_descriptor, v, kernel.block_n)) if desc else (k, v)
 
+        # The kernels take a row's max of raw scores before scaling them (prefill_body's RAW
+        # tiles), which needs a positive scale: scale * (q k^T) = |scale| * ((-q) k^T), and a
+        # zero scale is 1 * (0 k^T).  Only such degenerate scales pay for a copy of q.
+        qs = q
+        if sm_scale <= 0.0:
+            qs = step(torch.neg, q) if sm_scale < 0.0 else step(torch.zeros_like, q)
+            sm_scale = -sm_scale if sm_scale < 0.0 else 1.0
+
         with _launch.on_device(q):
             _launch.launch_kernel(
                 kernel.kernel, grid,
-                q, kk, vv, out, cu_q, cu_k, sm_scale, H // Hkv,
-                q.stride(0), q.stride(1), kst[1], kst[2], vst[1], vst[2],
+                qs, kk, vv, out, cu_q, cu_k, sm_scale, H // Hkv,
+                qs.stride(0), qs.stride(1), kst[1], kst[2], vst[1], vst[2],
                 out.stride(0), out.stride(1), win_left, win_right, feat.softcap, alibi, sink,
                 bt, bt.stride(0) if paged else 0, kst[0], vst[0], ks, vs,
                 D, _tile_width(D), bool(causal), window, feat.softcap > 0.0, feat.alibi is not None,
