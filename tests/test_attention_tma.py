@@ -98,6 +98,26 @@ def test_the_next_sequences_rows_never_reach_a_sequence(poison, descriptors):
         check(got[a:b], clean[a:b], torch.float16)
 
 
+@pytest.mark.parametrize("kv_tma", [True, False])
+def test_causal_diagonal_tiles_inside_the_keys_read_no_row_past_them(kv_tma):
+    """Causal diagonal tiles inside the keys and the one that crosses a sequence's end, whose rows
+    past the end are the next sequence's: the middle sequence's K and V rows hold NaN, and the
+    sequences around it (key lengths of several 64-key tiles, queries shorter than keys: a
+    diagonal that is not a tile's) still match their references, with TMA descriptors and with
+    pointer loads."""
+    D, lq, lk = 64, [150, 97, 200], [150, 161, 230]
+    q, k, v = rnd(sum(lq), H, D, dtype=torch.float16), rnd(sum(lk), HKV, D, dtype=torch.float16), rnd(
+        sum(lk), HKV, D, dtype=torch.float16)  # fmt: skip
+    clean = prefill_ref(q, k, v, lq, lk, causal=True, scale=1 / math.sqrt(D))
+    k[150:311] = float("nan")
+    v[150:311] = float("nan")
+    kernel = ATT.select(torch.float16, D, TARGET).prefill
+    assert kernel.block_n == 64
+    got = run(q, k, v, lq, lk, kv_tma=kv_tma, kernel=kernel, causal=True)
+    for a, b in ((0, 150), (247, 447)):
+        check(got[a:b], clean[a:b], torch.float16)
+
+
 def _strided_heads(T, D):
     return rnd(T, HKV, 2 * D, dtype=torch.float16)[..., :D]  # head stride 2 * D
 
