@@ -8,7 +8,8 @@ finite; (3) validate the record against the target's own limits (the config's ch
 memory is not monotonic in arch, 163 KB a block on 8.0, 99 KB on 8.6/8.9); (4) collapse targets
 of one vendor whose records are equal into one instantiation, named after the vendor and a
 digest of its values (``nvidia_3fa2c1``; no arch, so adding a target of any arch or vendor renames
-nothing unchanged), recording the group's lowest arch, which ``show`` and the comments state.
+nothing unchanged; no field at its literal default, so adding a field with a default renames
+nothing either), recording the group's lowest arch, which ``show`` and the comments state.
 """
 
 from __future__ import annotations
@@ -586,6 +587,25 @@ def value_digest(key: Any, width: int = 6) -> str:
     return hashlib.sha256(repr(key).encode()).hexdigest()[:width]
 
 
+def _name_key(cfg: Config, res: Resolved) -> tuple:
+    """The values an instantiation's name digests: its record (each bucket's, with the bucket's
+    name and bounds) less the fields at their literal defaults.  A field added with a default that
+    the existing policies keep is then absent from every existing digest: adding it renames
+    nothing.  (A default given by a rule is a value of the target's and stays in.)"""
+    literal = {
+        n: f.default for n, f in cfg.fields.items() if f.default is not None and not isinstance(f.default, Mapping)
+    }
+
+    def strip(record: tuple) -> tuple:
+        return tuple(
+            (n, v) for n, v in record if not (n in literal and type(v) is type(literal[n]) and v == literal[n])
+        )
+
+    if res.buckets is not None:
+        return tuple((b.name, b.bounds, strip(b.record)) for b in res.buckets)
+    return strip(res.record or ())
+
+
 def _collapse(
     cfg: Config,
     variant: str,
@@ -608,7 +628,9 @@ def _collapse(
 
     # Six hex digits name a group; two groups of one vendor whose digests share them (about one
     # chance in 16 million per pair) both take longer ones, so no name depends on the others.
-    digests = {gk: value_digest(gk[1], 64) for gk in groups}
+    # The digest leaves out fields at their literal defaults (_name_key).
+    lead_of = {gk: resolved[members[0]] for gk, members in groups.items()}
+    digests = {gk: value_digest(_name_key(cfg, lead_of[gk]), 64) for gk in groups}
     short = [(gk[0], d[:6]) for gk, d in digests.items()]
     insts = []
     for (vendor, arch, members, policies), gk in zip(raw, groups):

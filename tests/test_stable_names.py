@@ -117,3 +117,29 @@ def test_a_symbol_changes_name_when_its_own_values_change(tmp_path):
     after = _symbols(changed)["dispatch.py"]
     assert {s for s in before - after if s.startswith("CACHE_")}
     assert not {s for s in before - after if not s.startswith("CACHE_")}
+
+
+def test_adding_a_field_with_a_default_renames_nothing(tmp_path):
+    """A record field added with a literal default that every policy keeps leaves every name as
+    it was (the digest leaves fields at their literal defaults out); a policy that sets it to
+    another value renames that record's instantiations alone."""
+    before = _symbols(REPO)
+    root = _copy(tmp_path, "field")
+    spec = root / "specs/kernels/cache.toml"
+    text = spec.read_text()
+    fields = re.search(r"^\[([a-z_]+)\.fields\]\n", text, re.M)
+    assert fields, "cache.toml declares a record's fields"
+    config = fields.group(1)
+    added = 'probe_flag = { type = "bool", default = false, doc = "A field added for the test." }\n'
+    text = text[: fields.end()] + added + text[fields.end() :]
+    spec.write_text(text)
+    after = _symbols(root)
+    assert after == before
+    # Set on the config's base (every target of the record): its names change, no other record's.
+    base = re.search(rf"^\[{config}\.base\]\n", text, re.M)
+    assert base, f"{config} has a base policy"
+    spec.write_text(text[: base.end()] + "probe_flag = true\n" + text[base.end() :])
+    moved = _symbols(root)["dispatch.py"]
+    gone = before["dispatch.py"] - moved
+    assert gone and moved - before["dispatch.py"]
+    assert all(re.fullmatch(r"CACHE_[A-Z]+_[0-9A-F]{6}", s) for s in gone), sorted(gone)[:5]
