@@ -418,6 +418,45 @@ def test_v2_partitions_start_at_v2_max_partition_and_halve_while_too_few_program
     assert rt.decode_plan(16, 4, 200, short, rec) == (200, 256, 1)
 
 
+def test_a_v1_launch_splits_its_longest_sequences_where_the_record_says():
+    """v1_split_partition: a launch with enough programs for V1 and a bound at most
+    v1_v2_threshold, and at least v1_split_min_bound, runs its sequences longer than
+    v1_split_percent % of the bound as V2 in partitions of v1_split_partition tokens; too few
+    programs, a longer or shorter bound or a bound of one such partition keep the rules above;
+    0 never splits."""
+    cfg = small_config(v1_v2_threshold=1000)  # partition_size 32
+    rec = launch_record(v1_min_programs=64, v2_min_programs=64, v2_min_partition=16, v2_max_partition=256,
+                        v1_split_partition=64, v1_split_percent=75, v1_split_min_bound=500)  # fmt: skip
+    assert rt.decode_plan(16, 4, 900, cfg, rec) == (675, 64, 15)
+    assert rt.decode_plan(16, 4, 500, cfg, rec) == (375, 64, 8)
+    assert rt.decode_plan(16, 4, 499, cfg, rec) == (1000, 32, 1)
+    assert rt.decode_plan(16, 4, 2000, cfg, rec) == (1000, 256, 8)
+    assert rt.decode_plan(1, 2, 900, cfg, rec) == (32, 16, 57)
+    assert rt.decode_plan(16, 4, 900, cfg, dataclasses.replace(rec, v1_split_partition=0)) == (1000, 32, 1)
+    assert rt.decode_plan(16, 4, 64, cfg, dataclasses.replace(rec, v1_split_min_bound=0)) == (1000, 32, 1)
+    # h200's 16-bit records at head_dim 256 split bounds of 8k and up past 3/4 into 1024-token
+    # partitions (measured); the other head_dims', targets' and the fp8 cache's do not.
+    for target in TARGETS:
+        for head_dim in at.HEAD_DIMS:
+            got = at.select(torch.float16, head_dim, hw=target).launch
+            want = (1024, 75, 8192) if (target, head_dim) == ("h200", 256) else (0, 0, 0)
+            assert (got.v1_split_partition, got.v1_split_percent, got.v1_split_min_bound) == want, (target, head_dim)
+
+
+def test_a_ragged_batch_with_its_longest_sequences_split_matches_the_reference(monkeypatch):
+    """The split end to end (V1 up to 100 tokens): of lengths up to 46, those past 75% of the
+    bound (the longest length, 46, where the lengths are on the host; the block table's
+    capacity, 64, on a GPU) run V2 in 16-token partitions, merged; the others V1."""
+    spy = Spy(monkeypatch)
+    lens = [46, 9, 35, 34, 1, 0, 20, 46]
+    cfg = small_config(v1_v2_threshold=100, pytorch_decode_threshold=200)
+    rec = launch_record(v1_min_programs=4, v1_split_partition=16, v1_split_percent=75)
+    run_decode(None, torch.float32, lens, 16, 4, 2, 64, cfg, rec)
+    assert spy.merges == 1
+    run_decode(None, torch.float32, lens, 16, 4, 2, 64, cfg, dataclasses.replace(rec, v1_split_partition=0))
+    assert spy.merges == 1
+
+
 def test_the_pytorch_path_tiles_follow_grid_even_share(monkeypatch):
     """130 tokens in blocks of 16: 9 blocks, tiles of at most 2 blocks -> 5 tiles (2, 2, 2, 2, 1),
     each gathered once; the merged result matches the reference (run_decode)."""

@@ -1180,6 +1180,12 @@ def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int,
         # than one partition.
         v1_limit = min(v1_limit, cfg.partition_size)
     if bound <= v1_limit:
+        split = lcfg.v1_split_partition
+        if split and S * Hkv >= lcfg.v1_min_programs and bound > split and bound >= lcfg.v1_split_min_bound:
+            # Enough programs for V1, but in a ragged batch the longest sequences' programs would
+            # be the last wave's, alone: those longer than v1_split_percent % of the bound run V2
+            # in partitions of v1_split_partition tokens.
+            return bound * lcfg.v1_split_percent // 100, split, _launch.cdiv(bound, split)
         return v1_limit, cfg.partition_size, 1
     # V2 partitions start at v2_max_partition tokens (0: the model's partition_size) and halve,
     # down to v2_min_partition, while the launch has fewer than v2_min_programs programs: the
