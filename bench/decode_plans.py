@@ -5,7 +5,7 @@ specs/kernels/attention.toml were chosen from this).
 
     python3 bench/decode_plans.py                 # on a GPU (~15 s)
     python3 bench/decode_plans.py --stages 3 5    # each plan again with the decode kernel's num_stages forced
-    python3 bench/decode_plans.py --set ragged    # batches of 128-256 ragged lengths (the peers' decode cases)
+    python3 bench/decode_plans.py --set ragged    # large batches, ragged and equal (the peers' decode cases)
     python3 bench/decode_plans.py --cpu-smoke --hw h200
 
 For each case (16-bit and fp8 caches, windows), the policy's plan and forced ones (V1; V2 in
@@ -33,7 +33,9 @@ ap.add_argument("--hw", default=None, help="hardware spec name (default: detect 
 ap.add_argument("--stages", type=int, nargs="*", default=[], help="also time each plan with the decode kernel's num_stages forced to each of these")
 ap.add_argument("--set", choices=("plans", "ragged"), default="plans",
                 help="plans: the cases the split plans were chosen on; ragged: large batches whose lengths are "
-                "bench/attention.py's RAGGED fractions of the context")
+                "bench/attention.py's RAGGED fractions of the context, and equal batches of the same sizes")
+ap.add_argument("--lengths", choices=("both", "ragged", "equal"), default="both",
+                help="with --set ragged: only its ragged or only its equal batches")
 ARGS = ap.parse_args()
 SMOKE = smoke_setup(ARGS)
 
@@ -123,14 +125,15 @@ def copy_frac(nbytes, ms):
 RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
 
 
-def case(D, H, Hkv, batch, ctx, window, fp8, ragged=False):
+def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None):
     per = -(-ctx // BS)
     table = torch.randperm(batch * per, device=DEV).to(torch.int32).view(batch, per)
     kc = torch.randn(batch * per, BS, Hkv, D, device=DEV).to(DT)
     vc = torch.randn_like(kc)
     q = torch.randn(batch, H, D, device=DEV).to(DT)
-    if ragged:
-        lengths = [max(1, int(ctx * RAGGED[i % len(RAGGED)])) for i in range(batch)]
+    if ragged is not None:
+        # The --set ragged cases: RAGGED fractions of the context, or (False) all of it.
+        lengths = [max(1, int(ctx * RAGGED[i % len(RAGGED)])) for i in range(batch)] if ragged else [ctx] * batch
         return ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
     kw, scale = {}, 1.0
@@ -170,7 +173,7 @@ def ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q):
         ref[b] = torch.einsum("hgw,whd->hgd", torch.softmax(s, -1), vf).reshape(H, D)
     out = torch.empty_like(q)
     nbytes = 2 * sum(lengths) * Hkv * D * kc.element_size()
-    name = f"16-bit d={D} h={H}/{Hkv} batch={batch} ctx={ctx} ragged"
+    name = f"16-bit d={D} h={H}/{Hkv} batch={batch} ctx={ctx} {'ragged' if len(set(lengths)) > 1 else 'equal'}"
     # Also mixed plans: V1 up to half or three quarters of the context, V2 partitions beyond.
     mixed = tuple((int(ctx * f), ps) for f in (0.5, 0.75) for ps in (1024, 2048))
     plans(name, q, kc, vc, table, lens, out, {}, ref, nbytes, None, mixed)
@@ -216,6 +219,10 @@ RAGGED_CASES = [
     (256, 16, 4, 256, 8192, 0, False, True), (256, 16, 2, 256, 8192, 0, False, True),
     (128, 32, 8, 256, 8192, 0, False, True), (128, 64, 8, 256, 8192, 0, False, True),
     (64, 16, 16, 256, 8192, 0, False, True), (256, 16, 2, 32, 32768, 0, False, True),
+    # Equal lengths of the same sizes, and of the peers' 128 x 4k (the plans' cost without raggedness).
+    (256, 16, 4, 256, 8192, 0, False, False), (128, 32, 8, 256, 8192, 0, False, False),
+    (256, 16, 4, 128, 4096, 0, False, False), (128, 32, 8, 128, 4096, 0, False, False),
+    (64, 16, 16, 128, 4096, 0, False, False), (128, 32, 8, 256, 1024, 0, False, False),
 ]  # fmt: skip
 CASES = [
     (128, 4, 2, 2, 700, 300, True),
@@ -232,6 +239,8 @@ def main() -> int:
     print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}; "
           f"forced stages {ARGS.stages or 'none'}")
     for c in RAGGED_CASES if ARGS.set == "ragged" else CASES:
+        if len(c) > 7 and ARGS.lengths != "both" and c[7] != (ARGS.lengths == "ragged"):
+            continue
         case(*c)
     print(f"done in {time.time() - t0:.0f} s")
     return 0
