@@ -435,12 +435,14 @@ def test_a_v1_launch_splits_its_longest_sequences_where_the_record_says():
     assert rt.decode_plan(16, 4, 900, cfg, dataclasses.replace(rec, v1_split_partition=0)) == (1000, 32, 1)
     assert rt.decode_plan(16, 4, 64, cfg, dataclasses.replace(rec, v1_split_min_bound=0)) == (1000, 32, 1)
     # h200's 16-bit records at head_dim 256 split bounds of 8k and up past 3/4 into 1024-token
-    # partitions (measured); the other head_dims', targets' and the fp8 cache's do not.
+    # partitions (measured); the other head_dims', dtypes' and targets' do not.
     for target in TARGETS:
         for head_dim in at.HEAD_DIMS:
-            got = at.select(torch.float16, head_dim, hw=target).launch
-            want = (1024, 75, 8192) if (target, head_dim) == ("h200", 256) else (0, 0, 0)
-            assert (got.v1_split_partition, got.v1_split_percent, got.v1_split_min_bound) == want, (target, head_dim)
+            for dtype in (torch.float16, torch.float32):
+                got = at.select(dtype, head_dim, hw=target).launch
+                want = (1024, 75, 8192) if (target, head_dim, dtype) == ("h200", 256, torch.float16) else (0, 0, 0)
+                assert (got.v1_split_partition, got.v1_split_percent, got.v1_split_min_bound) == want, (
+                    target, head_dim, dtype)  # fmt: skip
 
 
 def test_a_ragged_batch_with_its_longest_sequences_split_matches_the_reference(monkeypatch):

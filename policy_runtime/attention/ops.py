@@ -63,8 +63,8 @@ def _online_softmax_step(acc, m_i, l_i, s, v, s_scale, DOT_PREC: tl.constexpr):
     # (-inf where masked), v [keys, dim] the tile's values.  Returns the rescaled state.
     # Prefill passes raw q k^T and the logits scale: a row's max is scaled once, and the scale
     # joins exp2's argument as one fused multiply-add an element, where scaling the tile first
-    # cost a multiply an element more (on an H200, 2-6% of prefill at head_dim 64 and 128;
-    # .scratch study of 2026-12-03, bench/RESULTS.md).  Decode passes scaled scores and 1.0.
+    # cost a multiply an element more (on an H200, 1-6% of prefill at head_dim 64 and 128;
+    # scratch kernels of 2026-12-03, bench/RESULTS.md).  Decode passes scaled scores and 1.0.
     m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(s * s_scale - m_new[:, None])
@@ -164,14 +164,15 @@ def _prefill_tile(acc, m_i, l_i, q, k_base, v_base, skt, svt, start, k_len, diag
         k = k.to(q.dtype)
         v = v.to(q.dtype)
     if SOFTCAP or ALIBI or KV_FP8:
+        # Scaled scores (an fp8 cache's k_scale joins the scale on the device, where the host
+        # cannot make it positive).
         s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
         if ALIBI:
             # flash-attn's ALiBi: -slope * |i + k_len - q_len - j| (slope in base 2 here).
             s = s - slope * tl.abs(diag[:, None] - cols[None, :]).to(tl.float32)
         s_scale = 1.0
     else:
-        # Raw q k^T, scaled in the softmax step (after a row's max: the host makes sm_scale > 0).
-        # With an fp8 cache k_scale joins the scale on the device, whose sign the host cannot see.
+        # Raw q k^T, scaled in the softmax step after a row's max (the host makes sm_scale > 0).
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         s_scale = qk_scale
     if MASKED:
