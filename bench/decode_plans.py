@@ -65,13 +65,11 @@ def plan(S, Hkv, bound, cfg, lcfg):
         p = _POLICY_PLAN(S, Hkv, bound, cfg, lcfg)
     elif FORCED[0] == "v1":
         p = (1 << 30, cfg.partition_size, 1)
-    elif isinstance(FORCED[0], tuple):
-        # (v1_limit, partition): sequences of at most v1_limit tokens V1, longer ones V2.
-        parts = -(-bound // FORCED[0][1])
-        p = (FORCED[0][0], FORCED[0][1], parts) if parts > 1 else (1 << 30, FORCED[0][1], 1)
     else:
-        parts = -(-bound // FORCED[0])
-        p = (0, FORCED[0], parts) if parts > 1 else (1 << 30, FORCED[0], 1)
+        # A partition (every sequence V2), or (v1_limit, partition): V1 up to v1_limit tokens.
+        limit, ps = FORCED[0] if isinstance(FORCED[0], tuple) else (0, FORCED[0])
+        parts = -(-bound // ps)
+        p = (limit, ps, parts) if parts > 1 else (1 << 30, ps, 1)
     USED[:] = [p]
     return p
 
