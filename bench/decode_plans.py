@@ -6,6 +6,7 @@ specs/kernels/attention.toml were chosen from this).
     python3 bench/decode_plans.py                 # on a GPU (~15 s)
     python3 bench/decode_plans.py --stages 3 5    # each plan again with the decode kernel's num_stages forced
     python3 bench/decode_plans.py --set ragged    # large batches, ragged and equal (the peers' decode cases)
+    python3 bench/decode_plans.py --set peers --head-dims 64 --stages 2   # the vLLM comparison's cases, policy plans
     python3 bench/decode_plans.py --cpu-smoke --hw h200
 
 For each case (16-bit and fp8 caches, windows), the policy's plan and forced ones (V1; V2 in
@@ -31,9 +32,12 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("--cpu-smoke", action="store_true", help="tiny fp16 shapes, CPU interpreter (no timing)")
 ap.add_argument("--hw", default=None, help="hardware spec name (default: detect the GPU)")
 ap.add_argument("--stages", type=int, nargs="*", default=[], help="also time each plan with the decode kernel's num_stages forced to each of these")
-ap.add_argument("--set", choices=("plans", "ragged"), default="plans",
+ap.add_argument("--set", choices=("plans", "ragged", "peers"), default="plans",
                 help="plans: the cases the split plans were chosen on; ragged: large batches whose lengths are "
-                "bench/attention.py's RAGGED fractions of the context, and equal batches of the same sizes")
+                "bench/attention.py's RAGGED fractions of the context, and equal batches of the same sizes; "
+                "peers: bench/attention.py --quick's 16-bit decode cases (the vLLM comparison), the policy's "
+                "plan only (with --stages, under each depth)")
+ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], help="with --set peers: these head dims")
 ap.add_argument("--lengths", choices=("both", "ragged", "equal"), default="both",
                 help="with --set ragged: only its ragged or only its equal batches")
 ARGS = ap.parse_args()
@@ -123,7 +127,7 @@ def copy_frac(nbytes, ms):
 RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
 
 
-def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None):
+def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None, policy_only=False):
     per = -(-ctx // BS)
     table = torch.randperm(batch * per, device=DEV).to(torch.int32).view(batch, per)
     kc = torch.randn(batch * per, BS, Hkv, D, device=DEV).to(DT)
@@ -132,7 +136,7 @@ def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None):
     if ragged is not None:
         # The --set ragged cases: RAGGED fractions of the context, or (False) all of it.
         lengths = [max(1, int(ctx * RAGGED[i % len(RAGGED)])) for i in range(batch)] if ragged else [ctx] * batch
-        return ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q)
+        return ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q, policy_only)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
     kw, scale = {}, 1.0
     if fp8:
@@ -159,7 +163,7 @@ def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None):
     STAGES[:] = []
 
 
-def ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q):
+def ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q, policy_only=False):
     # A 16-bit cache, no window: each sequence's float32 reference over its own length.
     lens = torch.tensor(lengths, dtype=torch.int32, device=DEV)
     g = H // Hkv
@@ -174,12 +178,15 @@ def ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q):
     name = f"16-bit d={D} h={H}/{Hkv} batch={batch} ctx={ctx} {'ragged' if len(set(lengths)) > 1 else 'equal'}"
     # Also mixed plans: V1 up to half or three quarters of the context, V2 partitions beyond.
     mixed = tuple((int(ctx * f), ps) for f in (0.5, 0.75) for ps in (1024, 2048))
-    plans(name, q, kc, vc, table, lens, out, {}, ref, nbytes, None, mixed)
+    for stages in [None] + ARGS.stages:
+        STAGES[:] = [] if stages is None else [stages]
+        plans(name, q, kc, vc, table, lens, out, {}, ref, nbytes, stages, mixed, (None,) if policy_only else None)
+    STAGES[:] = []
 
 
-def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages, mixed=()):
+def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages, mixed=(), only=None):
     seen = set()
-    for forced in (None, "v1", 256, 512, 1024, 2048, 4096, *mixed):
+    for forced in only or (None, "v1", 256, 512, 1024, 2048, 4096, *mixed):
         FORCED[:] = [] if forced is None else [forced]
         call_cache.clear_all()  # a recorded plan would replay the previous split
 
@@ -222,6 +229,12 @@ RAGGED_CASES = [
     (256, 16, 4, 128, 4096, 0, False, False), (128, 32, 8, 128, 4096, 0, False, False),
     (64, 16, 16, 128, 4096, 0, False, False), (128, 32, 8, 256, 1024, 0, False, False),
 ]  # fmt: skip
+# bench/attention.py --quick's decode cases: (head_dim, heads, KV heads) x (batch, context, ragged).
+PEER_MODELS = [(64, 4, 4)] if SMOKE else [(64, 16, 16), (128, 32, 8), (128, 64, 8), (256, 16, 4), (256, 16, 2)]
+PEER_CASES = [(2, 300, False), (3, 500, True)] if SMOKE else [
+    (1, 1024, False), (1, 131072, False), (8, 8192, False), (8, 131072, True),
+    (32, 32768, False), (32, 32768, True), (128, 4096, False), (256, 1024, False), (256, 8192, True),
+]  # fmt: skip
 CASES = [
     (128, 4, 2, 2, 700, 300, True),
 ] if SMOKE else [
@@ -236,6 +249,13 @@ def main() -> int:
     t0 = time.time()
     print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}; "
           f"forced stages {ARGS.stages or 'none'}")
+    if ARGS.set == "peers":
+        for D, H, Hkv in PEER_MODELS:
+            if SMOKE or D in ARGS.head_dims:
+                for batch, ctx, ragged in PEER_CASES:
+                    case(D, H, Hkv, batch, ctx, 0, False, ragged, policy_only=True)
+        print(f"done in {time.time() - t0:.0f} s")
+        return 0
     for c in RAGGED_CASES if ARGS.set == "ragged" else CASES:
         if len(c) > 7 and ARGS.lengths != "both" and c[7] != (ARGS.lengths == "ragged"):
             continue
