@@ -39,13 +39,20 @@ __all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Se
 # base 2: exp2 is one instruction), and a row's running max starts at -1e30, not -inf, so that a
 # tile in which a row sees no key (all scores -inf) gives exp2(-inf - m) = 0 and a rescale
 # exp2(m - m) = 1, never NaN.
-# The V2 merge kernel reads this many partitions a step (at 512-token partitions, a 32k context
-# in one step) in slices of this many head_dim columns, one slice a program: fixed, so that no
-# length or bound compiles a new merge kernel.  Against 16 partitions a step over the whole
-# head_dim, 1-3 us less per call at batch 1 and 32k context on an H200
-# (exploration at commit cc8149c).
-_MERGE_BLOCK_P = 64
+# The V2 merge: one program a slice of _MERGE_BLOCK_D head_dim columns of one (sequence, head),
+# reading _MERGE_BLOCK_P partitions a step.  Two fixed shapes (warm-up compiles both; no length or
+# bound compiles another): a launch of at least _MERGE_WIDE programs takes one-warp programs of 16
+# partitions a step, a smaller one four-warp programs of 64 (batch 1 at long context: few programs,
+# many partitions each).  Against the one shape before (64 partitions, 4 warps, two passes), merge
+# alone on an H200 (bench/results/h200_decode_merge_variants.log, us, partials in L2): 128 sequences
+# x 16 heads x 8 partitions at head_dim 256 29.0 -> 9.7, 256 x 16 x 2 52.9 -> 14.5, 32 x 32 x 16 at
+# 128 11.4 -> 6.2, 8 x 32 x 8 6.1 -> 4.8; 1 x 16 x 256 at 256 8.2 -> 7.3 (the four-warp shape).
 _MERGE_BLOCK_D = 64
+_MERGE_BLOCK_P = 64
+_MERGE_WARPS = 4
+_MERGE_WIDE = 128
+_MERGE_WIDE_BLOCK_P = 16
+_MERGE_WIDE_WARPS = 1
 # CUDA's limit on a grid's second and third dimensions.
 _MAX_GRID_YZ = 65535
 # Plans of the entry points' calls by argument class (keyed with the Attention object).
@@ -416,11 +423,13 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
 def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partition_size, max_parts, sos,
            soh, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     # grid = (sequences, heads, cdiv(HEAD_DIM, BLOCK_D)): the log-sum-exp merge of a V2
-    # sequence's partitions, BLOCK_D columns of one head a program.  With M the largest partition
-    # max (base 2), partition p weighs l_p * 2^(m_p - M); the output is the weighted mean of the
-    # partitions' normalised outputs.  Exact up to rounding.  sl_ptr: each sequence's context
-    # length (the decode kernel's span: a windowed call's lengths clamped to its window).  PDL:
-    # launched as a programmatic dependent launch of the decode kernel, whose partials it waits for.
+    # sequence's partitions, BLOCK_D columns of one head a program, in one pass over BLOCK_P
+    # partitions a step.  Partition p weighs l_p * 2^(m_p - M) with M the largest m_p (base 2),
+    # kept as a running maximum: the sums so far are rescaled by 2^(M_old - M_new) when it grows.
+    # The output is the weighted mean of the partitions' normalised outputs.  Exact up to
+    # rounding.  sl_ptr: each sequence's context length (the decode kernel's span: a windowed
+    # call's lengths clamped to its window).  PDL: launched as a programmatic dependent launch of
+    # the decode kernel, whose partials it waits for.
     if PDL:
         gdc_wait()
     seq = tl.program_id(0)
@@ -436,24 +445,23 @@ def _merge(o_ptr, part_o, part_m, part_l, sl_ptr, v1_limit, torch_limit, partiti
         d_ok = offs_d < HEAD_DIM
     else:
         d_ok = offs_d >= 0
-    m_run = tl.full([BLOCK_P], -1.0e30, dtype=tl.float32)
-    for p0 in range(0, n_parts, BLOCK_P):
-        p = p0 + offs_p
-        m_run = tl.maximum(m_run, tl.load(part_m + base + p, mask=p < n_parts, other=-1.0e30))
-    m_all = tl.max(m_run, 0)
-    w_sum = tl.zeros([BLOCK_P], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
+    m_run = tl.full([1], -1.0e30, dtype=tl.float32)
+    w_sum = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for p0 in range(0, n_parts, BLOCK_P):
         p = p0 + offs_p
         live = p < n_parts
-        w = tl.load(part_l + base + p, mask=live, other=0.0) * tl.math.exp2(
-            tl.load(part_m + base + p, mask=live, other=-1.0e30) - m_all)
+        m = tl.load(part_m + base + p, mask=live, other=-1.0e30)
+        w = tl.load(part_l + base + p, mask=live, other=0.0)
         o = tl.load(part_o + (base + p)[:, None] * HEAD_DIM + offs_d[None, :], mask=live[:, None] & d_ok[None, :],
                     other=0.0)
-        acc += o * w[:, None]
-        w_sum += w
-    out = tl.sum(acc, 0) / tl.sum(w_sum, 0)
-    tl.store(o_ptr + seq.to(tl.int64) * sos + head * soh + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        rescale = tl.math.exp2(m_run - m_new)
+        w = w * tl.math.exp2(m - m_new)
+        acc = acc * rescale + tl.sum(o * w[:, None], 0)
+        w_sum = w_sum * rescale + tl.sum(w, 0)
+        m_run = m_new
+    tl.store(o_ptr + seq.to(tl.int64) * sos + head * soh + offs_d, (acc / w_sum).to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1157,10 +1165,13 @@ class Attention:
             )  # fmt: skip
             if parts > 1:
                 block_d = min(_tile_width(D), _MERGE_BLOCK_D)
+                grid = (S, H, _launch.cdiv(D, block_d))
+                wide = merge_is_wide(S, H, D)
                 _launch.launch_kernel(
-                    _merge, (S, H, _launch.cdiv(D, block_d)),
+                    _merge, grid,
                     out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
-                    out.stride(1), D, _MERGE_BLOCK_P, block_d, num_warps=4,
+                    out.stride(1), D, _MERGE_WIDE_BLOCK_P if wide else _MERGE_BLOCK_P, block_d,
+                    num_warps=_MERGE_WIDE_WARPS if wide else _MERGE_WARPS,
                     **({"PDL": True, "launch_pdl": True} if pdl else {}),
                 )  # fmt: skip
         # As _decode_hit names them: an object at most once (call_cache's commit).
@@ -1168,6 +1179,12 @@ class Attention:
         return (query, key_cache, value_cache, block_tables, seq_lens, out, part_o if v2 else None,
                 part_m if v2 else None, part_l if v2 else None, spans if spans is not seq_lens else None, feat.alibi,
                 feat.sinks, ks if scales else None, vs if scales and vs is not ks else None, dummy)  # fmt: skip
+
+
+def merge_is_wide(S: int, H: int, D: int) -> bool:
+    """Whether the V2 merge of S sequences of H heads of head_dim D takes its wide launch shape
+    (_MERGE_WIDE programs or more, one a column slice of a sequence's head)."""
+    return S * H * _launch.cdiv(D, min(_tile_width(D), _MERGE_BLOCK_D)) >= _MERGE_WIDE
 
 
 def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int, int, int]:

@@ -1,10 +1,11 @@
 """generated/attention.py's warm-up driver (hand-written; policy_runtime/warmup/ runs it).
 
 Calls covered, in the dtypes asked: prefill (causal and not), the causal prefill over a paged
-16-bit cache and paged decode (the decode kernel and the V2 merge) per model whose head_dim the
-kernels serve, in each feature set its layers use (``attention_feature_sets``: soft-cap, ALiBi,
-sinks on every layer, a sliding window on its local ones); on targets with e4m3fn also decode
-and the paged causal prefill over an fp8 KV cache (float32 tensor scales).  Argument classes:
+16-bit cache and paged decode (the decode kernel, and the V2 merge in each of its launch shapes)
+per model whose head_dim the kernels serve, in each feature set its layers use
+(``attention_feature_sets``: soft-cap, ALiBi, sinks on every layer, a sliding window on its local
+ones); on targets with e4m3fn also decode and the paged causal prefill over an fp8 KV cache
+(float32 tensor scales).  Argument classes:
 no length, token or sequence count reaches a specialized argument (lengths are read from
 cu_seqlens / seq_lens, grids carry the counts; partition counts, limits, window bounds and the
 block tables' row stride, the longest sequence's blocks, are ``do_not_specialize``); the KV-head
@@ -19,11 +20,13 @@ registered vendor decode kernel (nothing to compile) and the PyTorch path of lon
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 
 from ..warmup.calls import Call, Options, empty, first_of_each_class, int_class, torch_dtype
+from .ops import merge_is_wide
 
 __all__ = ["AttentionDriver", "attention_feature_sets", "QKV_LAYOUTS", "layout_rows"]
 
@@ -204,3 +207,12 @@ class AttentionDriver:
             if fp8:
                 kw["k_scale"] = kw["v_scale"] = torch.ones(1, dtype=torch.float32, device=device)
             self.att.decode(query, kc, vc, table, lens, hw=target, **kw)
+            # The V2 merge's other launch shape (a batch of enough sequences, or of fewer): one
+            # more call of the same class, its decode kernel compiled above.
+            first = merge_is_wide(seqs, nq, hd)
+            n = 1 if first else next(n for n in itertools.count(seqs) if merge_is_wide(n, nq, hd))
+            if merge_is_wide(n, nq, hd) != first:
+                query = _qkv(layout, n, nq, nk, hd, dt, device)[0]
+                table = torch.zeros((n, blocks), dtype=torch.int32, device=device)
+                lens = torch.full((n,), blocks * bs, dtype=torch.int32, device=device)
+                self.att.decode(query, kc, vc, table, lens, hw=target, **kw)
