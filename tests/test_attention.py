@@ -284,12 +284,12 @@ def test_the_merge_takes_more_partitions_than_one_step_in_column_slices():
     run_decode(kernel, torch.float16, [70 * 16 - 3, 17, 9], 16, 4, 2, 128, cfg, launch_record(128, v1_min_programs=0))
 
 
-@pytest.mark.parametrize("sequences, heads, wide", [(3, 4, False), (4, 16, True)])
-def test_the_merge_in_each_launch_shape(sequences, heads, wide, monkeypatch):
-    """The merge's two launch shapes (rt._MERGE_WIDE programs or more: one-warp programs of
-    _MERGE_WIDE_BLOCK_P partitions a step; fewer: _MERGE_BLOCK_P on more warps), each over more
-    partitions than one step reads (the running maximum rescales the sums of earlier steps), a
-    sequence of one step and a V1 one, against float64."""
+@pytest.mark.parametrize("sequences, heads, parts, wide", [(3, 4, 70, False), (4, 16, 40, True), (4, 16, 70, False)])
+def test_the_merge_in_each_launch_shape(sequences, heads, parts, wide, monkeypatch):
+    """The merge's two launch shapes (rt._MERGE_WIDE programs or more of at most _MERGE_BLOCK_P
+    partitions: one-warp programs of _MERGE_WIDE_BLOCK_P partitions a step; else _MERGE_BLOCK_P on
+    more warps), each over more partitions than one step reads (the running maximum rescales the
+    sums of earlier steps), a sequence of one step and a V1 one, against float64."""
     launched = []
     real = rt._launch.launch_kernel
 
@@ -301,10 +301,10 @@ def test_the_merge_in_each_launch_shape(sequences, heads, wide, monkeypatch):
     monkeypatch.setattr(rt._launch, "launch_kernel", spy)
     cfg = small_config(partition_size=16, v1_v2_threshold=16, pytorch_decode_threshold=4096)
     kernel = ATT.select(torch.float16, 128, "h200", None).decode
-    lens = [70 * 16 - 3, 13 * 16 + 1, 9, 20 * 16][:sequences]
+    lens = [parts * 16 - 3, 13 * 16 + 1, 9, 20 * 16][:sequences]
     run_decode(kernel, torch.float16, lens, 16, heads, 2, 128, cfg, launch_record(128, v1_min_programs=0))
     (programs, block_p, warps), = launched
-    assert (programs >= rt._MERGE_WIDE) == wide
+    assert programs >= rt._MERGE_WIDE if heads == 16 else programs < rt._MERGE_WIDE
     assert (block_p, warps) == ((rt._MERGE_WIDE_BLOCK_P, rt._MERGE_WIDE_WARPS) if wide else
                                 (rt._MERGE_BLOCK_P, rt._MERGE_WARPS))  # fmt: skip
     assert max(lens) // 16 > block_p

@@ -41,9 +41,10 @@ __all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Se
 # exp2(m - m) = 1, never NaN.
 # The V2 merge: one program a slice of _MERGE_BLOCK_D head_dim columns of one (sequence, head),
 # reading _MERGE_BLOCK_P partitions a step.  Two fixed shapes (warm-up compiles both; no length or
-# bound compiles another): a launch of at least _MERGE_WIDE programs takes one-warp programs of 16
-# partitions a step, a smaller one four-warp programs of 64 (batch 1 at long context: few programs,
-# many partitions each).  Against the one shape before (64 partitions, 4 warps, two passes), merge
+# bound compiles another): a launch of at least _MERGE_WIDE programs of at most _MERGE_BLOCK_P
+# partitions takes one-warp programs of 16 partitions a step, any other four-warp programs of 64
+# (batch 1 at long context: few programs; long contexts: many partitions, each step of a program a
+# round trip to memory: 8 x 128k ragged at head_dim 256 merged in 20 us one-warp, 12 four-warp).  Against the one shape before (64 partitions, 4 warps, two passes), merge
 # alone on an H200 (bench/results/h200_decode_merge_variants.log, us, partials in L2): 128 sequences
 # x 16 heads x 8 partitions at head_dim 256 29.0 -> 9.7, 256 x 16 x 2 52.9 -> 14.5, 32 x 32 x 16 at
 # 128 11.4 -> 6.2, 8 x 32 x 8 6.1 -> 4.8; 1 x 16 x 256 at 256 8.2 -> 7.3 (the four-warp shape).
@@ -1166,7 +1167,7 @@ class Attention:
             if parts > 1:
                 block_d = min(_tile_width(D), _MERGE_BLOCK_D)
                 grid = (S, H, _launch.cdiv(D, block_d))
-                wide = merge_is_wide(S, H, D)
+                wide = merge_is_wide(S, H, D, parts)
                 _launch.launch_kernel(
                     _merge, grid,
                     out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
@@ -1181,10 +1182,12 @@ class Attention:
                 feat.sinks, ks if scales else None, vs if scales and vs is not ks else None, dummy)  # fmt: skip
 
 
-def merge_is_wide(S: int, H: int, D: int) -> bool:
-    """Whether the V2 merge of S sequences of H heads of head_dim D takes its wide launch shape
-    (_MERGE_WIDE programs or more, one a column slice of a sequence's head)."""
-    return S * H * _launch.cdiv(D, min(_tile_width(D), _MERGE_BLOCK_D)) >= _MERGE_WIDE
+def merge_is_wide(S: int, H: int, D: int, parts: int) -> bool:
+    """Whether the V2 merge of S sequences of H heads of head_dim D in at most ``parts`` partitions
+    takes its wide launch shape: _MERGE_WIDE programs or more (one a column slice of a sequence's
+    head) of at most _MERGE_BLOCK_P partitions."""
+    programs = S * H * _launch.cdiv(D, min(_tile_width(D), _MERGE_BLOCK_D))
+    return programs >= _MERGE_WIDE and parts <= _MERGE_BLOCK_P
 
 
 def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int, int, int]:

@@ -21,12 +21,12 @@ registered vendor decode kernel (nothing to compile) and the PyTorch path of lon
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from ..warmup.calls import Call, Options, empty, first_of_each_class, int_class, torch_dtype
-from .ops import merge_is_wide
+from .ops import decode_plan, merge_is_wide
 
 __all__ = ["AttentionDriver", "attention_feature_sets", "QKV_LAYOUTS", "layout_rows"]
 
@@ -207,11 +207,19 @@ class AttentionDriver:
             if fp8:
                 kw["k_scale"] = kw["v_scale"] = torch.ones(1, dtype=torch.float32, device=device)
             self.att.decode(query, kc, vc, table, lens, hw=target, **kw)
-            # The V2 merge's other launch shape (a batch of enough sequences, or of fewer): one
-            # more call of the same class, its decode kernel compiled above.
-            first = merge_is_wide(seqs, nq, hd)
-            n = 1 if first else next(n for n in itertools.count(seqs) if merge_is_wide(n, nq, hd))
-            if merge_is_wide(n, nq, hd) != first:
+            # The V2 merge's other launch shape: one more call of the same class (its decode kernel
+            # compiled above), of the first batch size whose plan takes the other shape.
+            items = dict(feat)
+            sel = self.att.select(dt, hd, target, uses=frozenset(items), kv_fp8=fp8)
+            bound = min(blocks * bs, items.get("window", blocks * bs))
+
+            def shape(n: int) -> Optional[bool]:
+                parts = decode_plan(n, nk, bound, sel.config, sel.launch)[2]
+                return merge_is_wide(n, nq, hd, parts) if parts > 1 else None
+
+            first = shape(seqs)
+            n = next((n for n in itertools.chain([1], range(seqs, 4096)) if shape(n) not in (None, first)), None)
+            if first is not None and n is not None:
                 query = _qkv(layout, n, nq, nk, hd, dt, device)[0]
                 table = torch.zeros((n, blocks), dtype=torch.int32, device=device)
                 lens = torch.full((n,), blocks * bs, dtype=torch.int32, device=device)
