@@ -64,7 +64,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from bench import peers  # noqa: E402
+from bench import decode_cases, peers  # noqa: E402
 from bench.runlog import RunLog  # noqa: E402
 from bench.timing import captured, cpu_ms, gpu_ms, interleaved, rel_err  # noqa: E402
 from generated import attention as at  # noqa: E402
@@ -85,9 +85,7 @@ MODELS = {128: (4, 2), 256: (2, 1)} if SMOKE else {128: (32, 8), 256: (16, 4)}
 # Prefill's head dims: MODELS and head_dim 64 (32 query / 8 KV heads) on the GPU.
 PREFILL_MODELS = MODELS if SMOKE else {64: (32, 8), **MODELS}
 # Decode's shapes (head_dim, query heads, KV heads): GQA ratios 1, 4 and 8 over head dims 64, 128, 256.
-DECODE_MODELS = (
-    [(128, 4, 2), (256, 4, 1)] if SMOKE else [(64, 16, 16), (128, 32, 8), (128, 64, 8), (256, 16, 4), (256, 16, 2)]
-)
+DECODE_MODELS = [(128, 4, 2), (256, 4, 1)] if SMOKE else decode_cases.MODELS
 # The peers: vLLM's Triton paged decode (../shared/peers/vllm_triton.py, when there) with
 # VLLM_KV_SPLITS splits (SGLang's default; vLLM's MLA caller uses 4), compiled FlexAttention and
 # SDPA's cuDNN backend (GPU only) in prefill.
@@ -124,13 +122,8 @@ else:
     PREFILL_SEQS, PREFILL_TOKENS = ([1024, 8192] if ARGS.quick else [1024, 4096, 16384]), 16384
     DECODE_BATCHES, DECODE_CONTEXTS = [1, 8, 32, 128], [1024, 8192, 32768]
     V1V2 = [(8, 16384), (8, 32768), (32, 32768)]
-    # Batch 1 to 256, context 1k to 128k, equal and ragged (RAGGED fractions of the context).
-    DECODE_CASES = [
-        (1, 1024, False), (1, 131072, False), (8, 8192, False), (8, 131072, True),
-        (32, 32768, False), (32, 32768, True), (128, 4096, False), (256, 1024, False), (256, 8192, True),
-    ]  # fmt: skip
-    if not ARGS.quick:
-        DECODE_CASES += [(1, 8192, False), (8, 32768, False), (64, 16384, True), (128, 8192, False), (256, 4096, False)]
+    # Batch 1 to 256, context 1k to 128k, equal and ragged (bench/decode_cases.py).
+    DECODE_CASES = decode_cases.CASES + ([] if ARGS.quick else decode_cases.MORE_CASES)
 # FP8-cache decode (batch, context, ragged) at head_dims 128 and 256 (MODELS' heads).
 FP8_CASES = (
     [(2, 40, False), (2, 100, True)]
@@ -160,7 +153,7 @@ else:
 H200_COPY_TBPS = 4.27
 BLOCK_SIZE = 16
 # Ragged batches: each sequence's length as a fraction of the phase's sequence length.
-RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
+RAGGED = decode_cases.RAGGED
 
 
 def record_error(where, e):
@@ -616,7 +609,7 @@ def one_decode(name, head_dim, H, Hkv, batch, context, ragged=False):
     The SDPA anchor (flash on contiguous K/V) runs on equal batches only; a ragged batch is
     checked against SDPA per sequence."""
     key_cache, value_cache, table, k_c, v_c = paged_cache(batch, context, Hkv, head_dim)
-    lengths = [max(1, int(context * RAGGED[i % len(RAGGED)])) for i in range(batch)] if ragged else [context] * batch
+    lengths = decode_cases.lengths(batch, context, ragged)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=DEV)
     query = rnd(batch, H, head_dim)
     out = torch.full_like(query, float("nan"))
@@ -841,7 +834,7 @@ def one_fp8_decode(name, head_dim, H, Hkv, batch, context, ragged):
     Checked against SDPA on the dequantized cache (the fp8 reads) and on the bf16 one (bf16)."""
     key_cache, value_cache, table, k_c, v_c = paged_cache(batch, context, Hkv, head_dim)
     del k_c, v_c
-    lengths = [max(1, int(context * RAGGED[i % len(RAGGED)])) for i in range(batch)] if ragged else [context] * batch
+    lengths = decode_cases.lengths(batch, context, ragged)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=DEV)
     query = rnd(batch, H, head_dim)
     scale = torch.maximum(key_cache.abs().amax(), value_cache.abs().amax()).float().reshape(1) / 448.0

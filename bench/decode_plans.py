@@ -26,6 +26,7 @@ import math
 import sys
 import time
 
+import decode_cases
 from smoke import smoke_setup
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,7 +35,7 @@ ap.add_argument("--hw", default=None, help="hardware spec name (default: detect 
 ap.add_argument("--stages", type=int, nargs="*", default=[], help="also time each plan with the decode kernel's num_stages forced to each of these")
 ap.add_argument("--set", choices=("plans", "ragged", "peers"), default="plans",
                 help="plans: the cases the split plans were chosen on; ragged: large batches whose lengths are "
-                "bench/attention.py's RAGGED fractions of the context, and equal batches of the same sizes; "
+                "bench/decode_cases.py's RAGGED fractions of the context, and equal batches of the same sizes; "
                 "peers: bench/attention.py --quick's 16-bit decode cases (the vLLM comparison), the policy's "
                 "plan only (with --stages, under each depth)")
 ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], help="with --set peers: these head dims")
@@ -123,8 +124,6 @@ def copy_frac(nbytes, ms):
     return (nbytes / (ms * 1e-3)) / (2 * size / (cms * 1e-3))
 
 
-# bench/attention.py's ragged lengths: these fractions of the context, in turn.
-RAGGED = (1.0, 0.73, 0.41, 0.9, 0.17, 0.58)
 
 
 def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None, policy_only=False):
@@ -134,8 +133,8 @@ def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None, policy_only=False):
     vc = torch.randn_like(kc)
     q = torch.randn(batch, H, D, device=DEV).to(DT)
     if ragged is not None:
-        # The --set ragged cases: RAGGED fractions of the context, or (False) all of it.
-        lengths = [max(1, int(ctx * RAGGED[i % len(RAGGED)])) for i in range(batch)] if ragged else [ctx] * batch
+        # The --set ragged and peers cases: decode_cases.RAGGED fractions of the context, or (False) all of it.
+        lengths = decode_cases.lengths(batch, ctx, ragged)
         return ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q, policy_only)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
     kw, scale = {}, 1.0
@@ -230,11 +229,8 @@ RAGGED_CASES = [
     (64, 16, 16, 128, 4096, 0, False, False), (128, 32, 8, 256, 1024, 0, False, False),
 ]  # fmt: skip
 # bench/attention.py --quick's decode cases: (head_dim, heads, KV heads) x (batch, context, ragged).
-PEER_MODELS = [(64, 4, 4)] if SMOKE else [(64, 16, 16), (128, 32, 8), (128, 64, 8), (256, 16, 4), (256, 16, 2)]
-PEER_CASES = [(2, 300, False), (3, 500, True)] if SMOKE else [
-    (1, 1024, False), (1, 131072, False), (8, 8192, False), (8, 131072, True),
-    (32, 32768, False), (32, 32768, True), (128, 4096, False), (256, 1024, False), (256, 8192, True),
-]  # fmt: skip
+PEER_MODELS = [(64, 4, 4)] if SMOKE else decode_cases.MODELS
+PEER_CASES = [(2, 300, False), (3, 500, True)] if SMOKE else decode_cases.CASES
 CASES = [
     (128, 4, 2, 2, 700, 300, True),
 ] if SMOKE else [
