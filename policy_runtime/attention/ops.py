@@ -44,10 +44,11 @@ __all__ = ["Attention", "PrefillKernel", "DecodeKernel", "Policy", "Decode", "Se
 # bound compiles another): a launch of at least _MERGE_WIDE programs of at most _MERGE_BLOCK_P
 # partitions takes one-warp programs of 16 partitions a step, any other four-warp programs of 64
 # (batch 1 at long context: few programs; long contexts: many partitions, each step of a program a
-# round trip to memory: 8 x 128k ragged at head_dim 256 merged in 20 us one-warp, 12 four-warp).  Against the one shape before (64 partitions, 4 warps, two passes), merge
-# alone on an H200 (bench/results/h200_decode_merge_variants.log, us, partials in L2): 128 sequences
-# x 16 heads x 8 partitions at head_dim 256 29.0 -> 9.7, 256 x 16 x 2 52.9 -> 14.5, 32 x 32 x 16 at
-# 128 11.4 -> 6.2, 8 x 32 x 8 6.1 -> 4.8; 1 x 16 x 256 at 256 8.2 -> 7.3 (the four-warp shape).
+# round trip to memory: 8 x 128k ragged at head_dim 256 merged in 20 us one-warp, 12 four-warp).
+# Against the one shape before (64 partitions, 4 warps, two passes), merge alone on an H200
+# (bench/results/h200_decode_merge_variants.log, us, partials in L2): 128 sequences x 16 heads x 8
+# partitions at head_dim 256 29.0 -> 9.7, 256 x 16 x 2 52.9 -> 14.5, 32 x 32 x 16 at 128 11.4 ->
+# 6.2, 8 x 32 x 8 6.1 -> 4.8; 1 x 16 x 256 at 256 8.2 -> 7.3 (the four-warp shape).
 _MERGE_BLOCK_D = 64
 _MERGE_BLOCK_P = 64
 _MERGE_WARPS = 4
