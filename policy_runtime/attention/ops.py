@@ -1166,13 +1166,11 @@ class Attention:
                 num_warps=kernel.num_warps, num_stages=kernel.num_stages, **chain,
             )  # fmt: skip
             if parts > 1:
-                block_d = min(_tile_width(D), _MERGE_BLOCK_D)
-                grid = (S, H, _launch.cdiv(D, block_d))
                 wide = merge_is_wide(S, H, D, parts)
                 _launch.launch_kernel(
-                    _merge, grid,
+                    _merge, _merge_grid(S, H, D),
                     out, part_o, part_m, part_l, spans, v1_limit, torch_limit, ps, parts, out.stride(0),
-                    out.stride(1), D, _MERGE_WIDE_BLOCK_P if wide else _MERGE_BLOCK_P, block_d,
+                    out.stride(1), D, _MERGE_WIDE_BLOCK_P if wide else _MERGE_BLOCK_P, _merge_block_d(D),
                     num_warps=_MERGE_WIDE_WARPS if wide else _MERGE_WARPS,
                     **({"PDL": True, "launch_pdl": True} if pdl else {}),
                 )  # fmt: skip
@@ -1183,12 +1181,21 @@ class Attention:
                 feat.sinks, ks if scales else None, vs if scales and vs is not ks else None, dummy)  # fmt: skip
 
 
+def _merge_block_d(D: int) -> int:
+    # The merge's column slice at head_dim D (its padded tile's width, at most _MERGE_BLOCK_D).
+    return min(_tile_width(D), _MERGE_BLOCK_D)
+
+
+def _merge_grid(S: int, H: int, D: int) -> tuple[int, int, int]:
+    # The merge's grid: (sequences, heads, column slices).
+    return (S, H, _launch.cdiv(D, _merge_block_d(D)))
+
+
 def merge_is_wide(S: int, H: int, D: int, parts: int) -> bool:
     """Whether the V2 merge of S sequences of H heads of head_dim D in at most ``parts`` partitions
     takes its wide launch shape: _MERGE_WIDE programs or more (one a column slice of a sequence's
     head) of at most _MERGE_BLOCK_P partitions."""
-    programs = S * H * _launch.cdiv(D, min(_tile_width(D), _MERGE_BLOCK_D))
-    return programs >= _MERGE_WIDE and parts <= _MERGE_BLOCK_P
+    return math.prod(_merge_grid(S, H, D)) >= _MERGE_WIDE and parts <= _MERGE_BLOCK_P
 
 
 def decode_plan(S: int, Hkv: int, bound: int, cfg: Any, lcfg: Any) -> tuple[int, int, int]:
