@@ -124,8 +124,6 @@ def copy_frac(nbytes, ms):
     return (nbytes / (ms * 1e-3)) / (2 * size / (cms * 1e-3))
 
 
-
-
 def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None, policy_only=False):
     per = -(-ctx // BS)
     table = torch.randperm(batch * per, device=DEV).to(torch.int32).view(batch, per)
@@ -246,15 +244,12 @@ def main() -> int:
     print(f"target {HW}; torch {torch.__version__}; device {torch.cuda.get_device_name() if not SMOKE else 'cpu'}; "
           f"forced stages {ARGS.stages or 'none'}")
     if ARGS.set == "peers":
-        for D, H, Hkv in PEER_MODELS:
-            if SMOKE or D in ARGS.head_dims:
-                for batch, ctx, ragged in PEER_CASES:
-                    case(D, H, Hkv, batch, ctx, 0, False, ragged, policy_only=True)
-        print(f"done in {time.time() - t0:.0f} s")
-        return 0
-    for c in RAGGED_CASES if ARGS.set == "ragged" else CASES:
-        if len(c) > 7 and ARGS.lengths != "both" and c[7] != (ARGS.lengths == "ragged"):
-            continue
+        runs = [(D, H, Hkv, batch, ctx, 0, False, ragged, True) for D, H, Hkv in PEER_MODELS
+                if SMOKE or D in ARGS.head_dims for batch, ctx, ragged in PEER_CASES]  # fmt: skip
+    else:
+        runs = [c for c in (RAGGED_CASES if ARGS.set == "ragged" else CASES)
+                if len(c) <= 7 or ARGS.lengths == "both" or c[7] == (ARGS.lengths == "ragged")]  # fmt: skip
+    for c in runs:
         case(*c)
     print(f"done in {time.time() - t0:.0f} s")
     return 0
