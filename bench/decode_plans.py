@@ -223,6 +223,7 @@ RAGGED_CASES = [
     (64, 16, 16, 256, 8192, 0, False, True), (256, 16, 2, 32, 32768, 0, False, True),
     # Equal lengths of the same sizes, and of the peers' 128 x 4k (the plans' cost without raggedness).
     (256, 16, 4, 256, 8192, 0, False, False), (128, 32, 8, 256, 8192, 0, False, False),
+    (64, 16, 16, 256, 8192, 0, False, False),
     (256, 16, 4, 128, 4096, 0, False, False), (128, 32, 8, 128, 4096, 0, False, False),
     (64, 16, 16, 128, 4096, 0, False, False), (128, 32, 8, 256, 1024, 0, False, False),
 ]  # fmt: skip
