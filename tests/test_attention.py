@@ -226,8 +226,11 @@ def small_config(target="h200", **over):
 
 
 def launch_record(head_dim=64, target="h200", **over):
-    # Partitions of the test's small_config (v2_max_partition 0) unless a test says otherwise.
+    # Partitions of the test's small_config (v2_max_partition 0), and no split of long V1
+    # sequences (whose bound, 8k on h200, no small test reaches), unless a test says otherwise.
     over.setdefault("v2_max_partition", 0)
+    over.setdefault("v1_split_partition", 0)
+    over.setdefault("v1_split_min_bound", 0)
     return dataclasses.replace(dispatch_kernel_config(f"decode_d{head_dim}_16bit", target), **over)
 
 
@@ -460,13 +463,14 @@ def test_a_v1_launch_splits_its_longest_sequences_where_the_record_says():
     assert rt.decode_plan(1, 2, 900, cfg, rec) == (32, 16, 57)
     assert rt.decode_plan(16, 4, 900, cfg, dataclasses.replace(rec, v1_split_partition=0)) == (1000, 32, 1)
     assert rt.decode_plan(16, 4, 64, cfg, dataclasses.replace(rec, v1_split_min_bound=0)) == (1000, 32, 1)
-    # h200's 16-bit records at head_dim 256 split bounds of 8k and up past 3/4 into 1024-token
-    # partitions (measured); the other head_dims', dtypes' and targets' do not.
+    # h200's 16-bit records split bounds of 8k and up past 3/4 (measured): into 1024-token
+    # partitions at head_dim 256, 2048 at 64 and 128; the fp32 records and other targets' do not.
     for target in TARGETS:
         for head_dim in at.HEAD_DIMS:
             for dtype in (torch.float16, torch.float32):
                 got = at.select(dtype, head_dim, hw=target).launch
-                want = (1024, 75, 8192) if (target, head_dim, dtype) == ("h200", 256, torch.float16) else (0, 0, 0)
+                split = 1024 if head_dim == 256 else 2048
+                want = (split, 75, 8192) if (target, dtype) == ("h200", torch.float16) else (0, 0, 0)
                 assert (got.v1_split_partition, got.v1_split_percent, got.v1_split_min_bound) == want, (
                     target, head_dim, dtype)  # fmt: skip
 
