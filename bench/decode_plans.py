@@ -154,10 +154,7 @@ def case(D, H, Hkv, batch, ctx, window, fp8, ragged=None, policy_only=False):
     out = torch.empty_like(q)
     nbytes = 2 * batch * span * Hkv * D * kc.element_size()
     name = f"{'fp8' if fp8 else '16-bit'} d={D} h={H}/{Hkv} batch={batch} ctx={ctx}" + (f" window={window}" if window else "")
-    for stages in [None] + ARGS.stages:
-        STAGES[:] = [] if stages is None else [stages]
-        plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages)
-    STAGES[:] = []
+    at_each_depth(lambda: plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes))
 
 
 def ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q, policy_only=False):
@@ -175,13 +172,19 @@ def ragged_case(D, H, Hkv, batch, ctx, lengths, table, kc, vc, q, policy_only=Fa
     name = f"16-bit d={D} h={H}/{Hkv} batch={batch} ctx={ctx} {'ragged' if len(set(lengths)) > 1 else 'equal'}"
     # Also mixed plans: V1 up to half or three quarters of the context, V2 partitions beyond.
     mixed = tuple((int(ctx * f), ps) for f in (0.5, 0.75) for ps in (1024, 2048))
+    only = (None,) if policy_only else None
+    at_each_depth(lambda: plans(name, q, kc, vc, table, lens, out, {}, ref, nbytes, mixed, only))
+
+
+def at_each_depth(run):
+    # run() under the policy kernel's num_stages, then under each --stages depth forced.
     for stages in [None] + ARGS.stages:
         STAGES[:] = [] if stages is None else [stages]
-        plans(name, q, kc, vc, table, lens, out, {}, ref, nbytes, stages, mixed, (None,) if policy_only else None)
+        run()
     STAGES[:] = []
 
 
-def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, stages, mixed=(), only=None):
+def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, mixed=(), only=None):
     seen = set()
     for forced in only or (None, "v1", 256, 512, 1024, 2048, 4096, *mixed):
         FORCED[:] = [] if forced is None else [forced]
