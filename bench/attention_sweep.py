@@ -106,12 +106,12 @@ def _sweep_decode(
         HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr,
         WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
         KV_FP8: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP8_VIA_F16: tl.constexpr,
-        PDL: tl.constexpr = False):
+        PDL: tl.constexpr = False, V_PAIRS: tl.constexpr = False):
     decode_body(q, kc, vc, bt, sl, o, part_o, part_m, part_l, sm_scale, group, bt_stride, v1_limit,
                 torch_limit, partition_size, max_parts, sqs, sqh, skb, skt, skh, svb, svt, svh,
                 sos, soh, win_len, softcap, alibi, sinks, k_scale, v_scale, HEAD_DIM, HEAD_PAD,
                 BLOCK_SIZE, Q_ROWS, WINDOW, SOFTCAP, ALIBI, SINKS, KV_FP8, BLOCK_N=BLOCK_N,
-                DOT_PREC=DOT_PREC, FP8_VIA_F16=FP8_VIA_F16, PDL=PDL)
+                DOT_PREC=DOT_PREC, FP8_VIA_F16=FP8_VIA_F16, PDL=PDL, V_PAIRS=V_PAIRS)
 # fmt: on
 
 

@@ -698,9 +698,10 @@ def test_each_kernel_bakes_in_the_constants_of_its_record():
                 for n in ast.walk(node)
                 if isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("prefill_body", "decode_body")
             ]
-            # Constants are literals; PDL is the wrapper's own launch constant, passed through.
+            # Constants are literals; PDL and V_PAIRS are the wrapper's own launch constants (the
+            # host decides them per call), passed through.
             forwarded = {k.arg for k in call.keywords if isinstance(k.value, ast.Name) and k.value.id == k.arg}
-            assert forwarded == (set() if call.func.id == "prefill_body" else {"PDL"}), node.name
+            assert forwarded == (set() if call.func.id == "prefill_body" else {"PDL", "V_PAIRS"}), node.name
             bodies[node.name] = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg not in forwarded}
     assert sorted(bodies) == sorted(at.KERNELS)
     for name, consts in bodies.items():

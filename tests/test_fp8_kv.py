@@ -199,6 +199,49 @@ def test_decode_over_the_fp8_cache(qdtype):
         assert rel(out[live], base[live]) < QUANT_BOUND
 
 
+@pytest.mark.parametrize("head_dim", [40, 64])
+def test_decode_reads_v_as_16_bit_pairs_where_its_rows_allow_and_as_bytes_elsewhere(head_dim, monkeypatch):
+    """decode_body reads an fp8 value cache as 16-bit words, its even and odd head_dim columns in
+    two dots (V_PAIRS), where every V row is 2-byte aligned, and byte by byte where not: a cache
+    one byte past 16-byte alignment, or with an odd head stride.  Each path against float64 on the
+    dequantized cache, with every feature (window, soft-cap, ALiBi, sinks), V2 partitions and the
+    merge, and at head_dim 40 a padded tile (40 columns of 64: 20 pairs of 32)."""
+    from policy_runtime.attention import ops
+    from test_attention_features import decode_ref
+
+    H, Hkv, D = 4, 2, head_dim
+    p = Paged([37, 0, 70, 5], Hkv, D, torch.float16)
+    q = rnd(4, H, D, dtype=torch.float16)
+    slopes = torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(H)], device=DEVICE)
+    sinks = rnd(H, dtype=torch.float32, std=2.0)
+    feat = dict(window_size=(50, 0), softcap=4.0, alibi_slopes=slopes, sinks=sinks)
+    ref = decode_ref(q, p.kc.float() * p.ks, p.vc.float() * p.vs, p.table, p.lens, scale=1 / math.sqrt(D),
+                     window=(50, 0), softcap=4.0, alibi=slopes, sinks=sinks)  # fmt: skip
+    flat = torch.zeros(p.vc.numel() + 1, dtype=FP8, device=DEVICE)
+    off = flat[1:].view(p.vc.shape)  # one byte past the allocation's alignment
+    off.copy_(p.vc)
+    wide = torch.zeros(*p.vc.shape[:3], D + 1, dtype=FP8, device=DEVICE)
+    odd = wide[..., :D]  # head stride D + 1
+    odd.copy_(p.vc)
+    pairs = []
+    launch = ops._launch.launch_kernel
+
+    def spy(kernel, grid, *args, **kw):
+        if getattr(kernel, "__name__", "").startswith("_decode"):
+            pairs.append(kw.get("V_PAIRS", False))
+        return launch(kernel, grid, *args, **kw)
+
+    monkeypatch.setattr(ops._launch, "launch_kernel", spy)
+    # V2 partitions of 16 tokens past 16 (a window of 51 tokens: 4 partitions), merged.
+    cfg = small_config(v1_v2_threshold=16, partition_size=16, pytorch_decode_threshold=200)
+    for vc, want in ((p.vc, True), (off, False), (odd, False)):
+        assert ops._fp8_pairs_aligned(vc) is want
+        out = ATT.decode(q, p.kc, vc, p.table, p.seq_lens, k_scale=p.ks, v_scale=p.vs, hw="h200", config=cfg, **feat)
+        err = (out.double().cpu() - ref).abs().max().item()
+        assert err < TIGHT[torch.float16], (want, err)
+    assert pairs == [True, False, False]
+
+
 def test_decode_tables_and_tiles():
     """Every served target has fp8 decode tiles (AttentionLaunchFp8) per head_dim and query class,
     whose one-byte K/V staging fits the part; unserved targets raise naming target and feature."""

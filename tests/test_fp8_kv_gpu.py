@@ -3,7 +3,8 @@ FP8 KV cache at serving sizes, compiled.  reshape_and_cache writes bf16 K/V of 8
 8k tokens (GQA 4, head_dim 128 and 256) into an fp8 cache (exact bytes against torch's e4m3fn
 cast); decode_attention (V2 at these lengths) and the paged causal prefill of a 300-token chunk
 read it, against fp32 on the dequantized cache (tight) and against the bf16 cache on the same data
-(e4m3's quantization error, bounded as in tests/test_fp8_kv.py)."""
+(e4m3's quantization error, bounded as in tests/test_fp8_kv.py); decode reads V as 16-bit pairs, and
+byte by byte from a value cache off 16-byte alignment, with the same output."""
 
 from __future__ import annotations
 
@@ -87,6 +88,10 @@ def test_fp8_decode_and_paged_prefill_at_serving_sizes(head_dim, H, Hkv):
         ref = F.scaled_dot_product_attention(q[i : i + 1, :, None].float(), k, v, enable_gqa=True)[0, :, 0]
         assert rel(out[i], ref) < 1e-2, i  # bf16 output and probabilities
     assert rel(out, base) < 0.08
+    # V read byte by byte (a value cache one byte past 16-byte alignment: no V_PAIRS): the same output.
+    off = torch.empty(vc.numel() + 1, dtype=FP8, device="cuda")[1:].view(vc.shape)
+    off.copy_(vc)
+    assert rel(at.decode_attention(q, kc, off, table, seq_lens, k_scale=ks, v_scale=vs), out) < 1e-2
     # The paged causal prefill of the last 300 tokens of sequences 0 and 3 (and 1 token of 4).
     chunk = [300, 300, 1]
     ctx = [lens[0], lens[3], lens[4]]

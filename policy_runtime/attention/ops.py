@@ -74,13 +74,29 @@ def _online_softmax_step(acc, m_i, l_i, s, v, s_scale, DOT_PREC: tl.constexpr):
     # joins exp2's argument as one fused multiply-add an element, where scaling the tile first
     # cost a multiply an element more (on an H200, 1-6% of prefill at head_dim 64 and 128;
     # scratch kernels of 2026-12-03, bench/RESULTS.md).  Decode passes scaled scores and 1.0.
-    m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s * s_scale - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, m_new, l_i = _softmax_weights(m_i, l_i, s, s_scale)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _softmax_weights(m_i, l_i, s, s_scale):
+    # The online softmax's weights of a key tile: (p, alpha, m_new, l_new), p [rows, keys] the
+    # tile's base-2 weights against the new row maxima m_new, alpha the old state's rescale.
+    m_new = tl.maximum(m_i, tl.max(s, 1) * s_scale)
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s * s_scale - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _fp8_pairs(w, dtype: tl.constexpr):
+    # 16-bit words, each two adjacent e4m3fn bytes of one token (head_dim columns 2i and 2i + 1),
+    # as (even, odd) columns of ``dtype`` (exact).
+    lo = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(dtype)
+    hi = ((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(dtype)
+    return lo, hi
 
 
 @triton.jit
@@ -325,7 +341,8 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
             svt, svh, sos, soh, win_len, softcap, alibi_ptr, sinks_ptr, k_scale, v_scale, HEAD_DIM: tl.constexpr,
             HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, Q_ROWS: tl.constexpr, WINDOW: tl.constexpr,
             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr,
-            BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP8_VIA_F16: tl.constexpr, PDL: tl.constexpr = False):
+            BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, FP8_VIA_F16: tl.constexpr, PDL: tl.constexpr = False,
+            V_PAIRS: tl.constexpr = False):
     # grid = (sequences, KV heads, partitions).  One program serves the `group` query heads of
     # one KV head (their rows padded to Q_ROWS for the tensor cores), so a KV tile is read once
     # per group.  A sequence's context is its last `span` tokens: all of them, or (WINDOW) the
@@ -338,6 +355,12 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
     # converted to the query's dtype after the load, k_scale folded into the logits scale and
     # v_scale into the output (before a V2 partial is stored: the merge is linear in it).
     # FP8_VIA_F16 (bf16 queries over an fp8 cache): the tiles become fp16, not bf16 (_fp16_query).
+    # V_PAIRS (an fp8 cache whose V rows are 2-byte aligned): V is read as 16-bit words, two
+    # head_dim columns of a token each, and its even and odd columns are two P V dots of half the
+    # width, interleaved once at the end.  The P V dot reduces over tokens, which the cache keeps
+    # apart; read as bytes, V reached the dot through one shared-memory load a byte (128 a thread
+    # a tile, the fp8 decode's limit), as words it arrives through ldmatrix.trans (an H200 at
+    # head_dim 128, batch 32 x 8k: 0.67 -> 0.78 of copy; bench/RESULTS.md).
     # PDL (Hopper and later): the merge, launched after this kernel as a programmatic dependent
     # launch, may be scheduled as soon as every program here has started; it waits on the device
     # for this kernel to finish before it reads.
@@ -385,6 +408,12 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
     m_i = tl.full([Q_ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([Q_ROWS], dtype=tl.float32)
     acc = tl.zeros([Q_ROWS, HEAD_PAD], dtype=tl.float32)
+    if V_PAIRS:
+        offs_w = tl.arange(0, HEAD_PAD // 2)
+        w_ok = offs_w < HEAD_DIM // 2
+        v_words = vc_ptr.to(tl.pointer_type(tl.int16), bitcast=True) + (kv_head * svh) // 2
+        acc_even = tl.zeros([Q_ROWS, HEAD_PAD // 2], dtype=tl.float32)
+        acc_odd = tl.zeros([Q_ROWS, HEAD_PAD // 2], dtype=tl.float32)
     for tok0 in range(start, end, BLOCK_N):
         toks = tok0 + offs_n
         live = toks < end
@@ -395,15 +424,29 @@ def decode_body(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, o_ptr, part_o, part_m, pa
         else:
             kv_mask = live[:, None]
         k = tl.load(k_head + block[:, None] * skb + slot[:, None] * skt + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_head + block[:, None] * svb + slot[:, None] * svt + offs_d[None, :], mask=kv_mask, other=0.0)
         if KV_FP8:
             k = k.to(q.dtype)
-            v = v.to(q.dtype)
         s = _logits(q, k, qk_scale, sm_scale, softcap, DOT_PREC, SOFTCAP)
         if ALIBI:
             s = s + slopes[:, None] * (toks - (seq_len - 1)).to(tl.float32)[None, :]
         s = tl.where(live[None, :], s, float("-inf"))
-        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, 1.0, DOT_PREC)
+        if V_PAIRS:
+            rows = (block * svb + slot * svt) // 2
+            w = tl.load(v_words + rows[:, None] + offs_w[None, :], mask=live[:, None] & w_ok[None, :], other=0)
+            v_even, v_odd = _fp8_pairs(w, q.dtype)
+            p, alpha, m_i, l_i = _softmax_weights(m_i, l_i, s, 1.0)
+            p = p.to(q.dtype)
+            acc_even = tl.dot(p, v_even, acc_even * alpha[:, None], input_precision=DOT_PREC)
+            acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None], input_precision=DOT_PREC)
+        else:
+            v = tl.load(v_head + block[:, None] * svb + slot[:, None] * svt + offs_d[None, :], mask=kv_mask,
+                        other=0.0)
+            if KV_FP8:
+                v = v.to(q.dtype)
+            acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v, 1.0, DOT_PREC)
+    if V_PAIRS:
+        # Columns 2i and 2i + 1 from acc_even's and acc_odd's column i.
+        acc = tl.reshape(tl.join(acc_even, acc_odd), (Q_ROWS, HEAD_PAD))
     if SINKS:
         sink = tl.load(sinks_ptr + heads, mask=in_group, other=float("-inf")).to(tl.float32) * 1.4426950408889634
         acc, m_i, l_i = _sink(acc, m_i, l_i, tl.where(part == 0, sink, float("-inf")))
@@ -1153,6 +1196,8 @@ class Attention:
         # compiles one decode kernel whatever its split).
         pdl = _launch.programmatic(query)
         chain = {"PDL": True} if pdl else {}
+        if scales is not None and _fp8_pairs_aligned(value_cache):
+            chain["V_PAIRS"] = True
 
         with _launch.on_device(query):
             _launch.launch_kernel(
@@ -1179,6 +1224,14 @@ class Attention:
         return (query, key_cache, value_cache, block_tables, seq_lens, out, part_o if v2 else None,
                 part_m if v2 else None, part_l if v2 else None, spans if spans is not seq_lens else None, feat.alibi,
                 feat.sinks, ks if scales else None, vs if scales and vs is not ks else None, dummy)  # fmt: skip
+
+
+def _fp8_pairs_aligned(value_cache: torch.Tensor) -> bool:
+    # Whether decode_body may read an fp8 value cache as 16-bit words (V_PAIRS): every row 2-byte
+    # aligned.  Keyed on what a call-cache key holds: the data pointer's 16-byte alignment and the
+    # strides (a cache that is not 16-byte aligned reads bytes, a class of its own in Triton's
+    # specialization anyway).
+    return value_cache.data_ptr() % 16 == 0 and all(st % 2 == 0 for st in value_cache.stride()[:3])
 
 
 def _merge_block_d(D: int) -> int:
