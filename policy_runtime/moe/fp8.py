@@ -112,6 +112,7 @@ def _fp8_quant(
     MODE: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    HW_ROUND: tl.constexpr = False,
 ):
     # M (tokens or routed rows) is not specialized on, so a new T compiles nothing.
     # q = clamp(x / scale, -448, 448) in e4m3 for a ROWS x BLOCK tile (grid: row tiles, column
@@ -121,6 +122,10 @@ def _fp8_quant(
     # div_rn (IEEE): Triton's fp32 `/` is approximate on NVIDIA GPUs, and an x / scale that should
     # land exactly on a tie of e4m3's grid (frequent with 16-bit x and a scale of amax / 448) then
     # rounds the other way from torch's x / scale (cache/ops.py's reshape_and_cache does the same).
+    # HW_ROUND (compiled kernels): the cast to e4m3 rounds (to nearest, ties to even: the GPU's
+    # conversion); else (Triton's interpreter, whose cast is wrong at a binade's carry) _e4m3_round
+    # rounds first, in about twenty integer and float operations an element, which made this
+    # kernel ALU-bound on the H200.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < M
@@ -139,7 +144,9 @@ def _fp8_quant(
         q = tl.math.div_rn(x, scale[:, None])
         s_ptrs = s_ptr + rows.to(tl.int64) * stride_sm + tl.program_id(1) * stride_sk
         tl.store(s_ptrs, scale, mask=row_ok)
-    q = _e4m3_round(tl.minimum(tl.maximum(q, -448.0), 448.0))
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if not HW_ROUND:
+        q = _e4m3_round(q)
     q_ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :] * stride_qk
     tl.store(q_ptrs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
@@ -687,7 +694,7 @@ def _quantize(
     _launch.launch_kernel(
         _fp8_quant, grid,
         x, q, scale, amax_arg, M, K, x.stride(0), x.stride(1), q.stride(0), q.stride(1), *s_strides,
-        MODE=mode, ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, num_warps=4,
+        MODE=mode, ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, HW_ROUND=not _launch.INTERPRET, num_warps=4,
     )  # fmt: skip
     return scale
 
