@@ -63,6 +63,16 @@ FORCED: list = []  # [] the policy's plan, ["v1"], or [partition tokens]
 USED: list = []
 STAGES: list = []  # [] the policy kernel's num_stages, or [forced num_stages]
 LAUNCHED: list = []  # the num_stages of the last decode kernel launched
+SEEN: set = set()  # the plans (plan_key) a case has run at this depth
+
+
+class Repeat(Exception):
+    """A forced plan that repeats one the case has run: raised by plan() before any launch, so
+    the repeat costs no kernel run (it would print nothing)."""
+
+
+def plan_key(p):
+    return ("v1",) if p[2] == 1 else ("v2", p[1], p[0])
 
 
 def plan(S, Hkv, bound, cfg, lcfg):
@@ -76,6 +86,8 @@ def plan(S, Hkv, bound, cfg, lcfg):
         parts = -(-bound // ps)
         p = (limit, ps, parts) if parts > 1 else (1 << 30, ps, 1)
     USED[:] = [p]
+    if FORCED and plan_key(p) in SEEN:
+        raise Repeat
     return p
 
 
@@ -185,7 +197,7 @@ def at_each_depth(run):
 
 
 def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, mixed=(), only=None):
-    seen = set()
+    SEEN.clear()
     for forced in only or (None, "v1", 256, 512, 1024, 2048, 4096, *mixed):
         FORCED[:] = [] if forced is None else [forced]
         call_cache.clear_all()  # a recorded plan would replay the previous split
@@ -194,13 +206,13 @@ def plans(name, q, kc, vc, table, lens, out, kw, ref, nbytes, mixed=(), only=Non
             at.decode_attention(q, kc, vc, table, lens, out=out, hw=HW, **kw)
 
         out.fill_(float("nan"))
-        fn()
+        try:
+            fn()
+        except Repeat:
+            continue
         err = ((out.float() - ref).norm() / ref.norm()).item()
         p = USED[0]
-        key = ("v1",) if p[2] == 1 else ("v2", p[1], p[0])
-        if forced is not None and key in seen:
-            continue
-        seen.add(key)
+        SEEN.add(plan_key(p))
         what = "policy" if forced is None else f"forced {forced if not isinstance(forced, tuple) else 'mixed'}"
         split = "V1" if p[2] == 1 else f"V2 {p[2]} x {p[1]}" + (f" over {p[0]}" if p[0] else "")
         line = f"{name:52s} {what:12s} {split:14s} stages {LAUNCHED[0]} err {err:.1e}"
