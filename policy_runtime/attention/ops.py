@@ -1194,10 +1194,12 @@ class Attention:
         # Hopper and later: the merge is a programmatic dependent launch, scheduled while the
         # decode kernel's last programs run (V1 launches take the same PDL constant, so a class
         # compiles one decode kernel whatever its split).
+        # The decode kernel's per-call constants (defaults False, passed only when on): PDL, and
+        # V_PAIRS for an fp8 cache whose V rows allow it.
         pdl = _launch.programmatic(query)
-        chain = {"PDL": True} if pdl else {}
+        consts = {"PDL": True} if pdl else {}
         if scales is not None and _fp8_pairs_aligned(value_cache):
-            chain["V_PAIRS"] = True
+            consts["V_PAIRS"] = True
 
         with _launch.on_device(query):
             _launch.launch_kernel(
@@ -1208,7 +1210,7 @@ class Attention:
                 win_len if win_len is not None else 0, feat.softcap, alibi, sink, ks, vs,
                 D, _tile_width(D), key_cache.shape[1], q_rows, win_len is not None, feat.softcap > 0.0,
                 feat.alibi is not None, feat.sinks is not None, scales is not None,
-                num_warps=kernel.num_warps, num_stages=kernel.num_stages, **chain,
+                num_warps=kernel.num_warps, num_stages=kernel.num_stages, **consts,
             )  # fmt: skip
             if parts > 1:
                 wide = merge_is_wide(S, H, D, parts)
