@@ -12,6 +12,7 @@ grouping of launches into kernels and the worker processes.  bench/warmup.py che
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -486,3 +487,37 @@ def test_model_dims_are_the_model_specs():
     assert dispatch.MODEL_DIMS["qwen36"]["num_experts"] == dispatch.QWEN36_NUM_EXPERTS
     assert dispatch.MODEL_DIMS["llama31_8b"]["hidden_size"] == dispatch.LLAMA31_8B_HIDDEN_SIZE
     assert tuple(dispatch.MODEL_DIMS) == tuple(dispatch.MODELS)
+
+
+def _constexpr_globals(path) -> list[str]:
+    """Module-level names ``path`` binds to a Triton constexpr (``X = tl.constexpr(...)``, or
+    annotated ``X: tl.constexpr = ...``)."""
+    def is_constexpr(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "constexpr" or (
+            isinstance(node, ast.Name) and node.id == "constexpr"
+        )
+
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and is_constexpr(node.value.func):
+            found += [f"{path.name}: {ast.unparse(t)}" for t in node.targets]
+        elif isinstance(node, ast.AnnAssign) and is_constexpr(node.annotation):
+            found.append(f"{path.name}: {ast.unparse(node.target)}")
+    return found
+
+
+def test_no_kernel_module_defines_a_constexpr_global(tmp_path):
+    """Triton 3.6 adds a kernel's transitive constexpr globals to its cache key only where the
+    callee that reads one had its own key taken first: the key of a kernel then depends on which
+    kernels the process compiled before it.  A constexpr global in fp8's rounding made the fresh
+    process after warm-up compile the FP8 MoE up kernels again (tests/test_moe_fp8_gpu.py, on the
+    H200).  The runtime and generated/ choose such things in Python (a function bound by name)
+    or pass them as constexpr arguments."""
+    paths = sorted([*(REPO / "policy_runtime").rglob("*.py"), *(REPO / "generated").glob("*.py")])
+    assert len(paths) > 20
+    assert [name for path in paths for name in _constexpr_globals(path)] == []
+    # The check sees the forms it guards against.
+    probe = tmp_path / "probe.py"
+    probe.write_text("import triton.language as tl\nX = tl.constexpr(True)\nY: tl.constexpr = 3\nZ = 4\n")
+    assert _constexpr_globals(probe) == ["probe.py: X", "probe.py: Y"]
+

@@ -69,19 +69,35 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def _e4m3_round(v):
+def _e4m3_round_in_software(v):
     # v (fp32, |v| <= 448) rounded to the nearest e4m3fn value, ties to even, still in fp32: the
     # spacing of e4m3 values at v's binade (2**(e - 3), e4m3's subnormals that of its least normal
     # binade, 2**-9); |v| / spacing (exact, below 16) rounded to an integer in integer arithmetic
     # (policy_runtime/fp8_kv.py's round_half_even: no float add-and-subtract trick a compiler may
-    # fold), the sign put back.  The cast to e4m3 after is then exact: the same on the GPU as its
-    # rounding conversion, and right in Triton's interpreter, whose float-to-fp8 cast loses the
-    # carry when a mantissa rounds up to the next power of two (125.4 became 64).
+    # fold), the sign put back.  The cast to e4m3 after is then exact.
     e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
     spacing = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
     inverse = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)
     r = round_half_even(tl.abs(v) * inverse) * spacing
     return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _e4m3_round_by_the_cast(v):
+    # v as it is: a compiled kernel's cast to e4m3 rounds to nearest, ties to even (the GPU's
+    # conversion).
+    return v
+
+
+# What readies an fp32 value (|v| <= 448) for its cast to e4m3fn, so that the cast gives the
+# nearest e4m3fn value, ties to even.  Triton's interpreter's cast loses the carry when a
+# mantissa rounds up to the next power of two (125.4 became 64): there the value is rounded in
+# software first.  Compiled kernels leave it to the cast: the software rounding, about twenty
+# integer and float operations an element, made the quantizing kernel ALU-bound on the H200.
+# (A function chosen here, not a constexpr global the kernels test: Triton 3.6 hashes a kernel's
+# transitive constexpr globals only if the callee's hash was taken first, so such a global made
+# a kernel's cache key depend on which kernel a process compiled first, and a warmed cache miss.)
+_e4m3_round = _e4m3_round_in_software if _launch.INTERPRET else _e4m3_round_by_the_cast
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -112,7 +128,6 @@ def _fp8_quant(
     MODE: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
-    HW_ROUND: tl.constexpr = False,
 ):
     # M (tokens or routed rows) is not specialized on, so a new T compiles nothing.
     # q = clamp(x / scale, -448, 448) in e4m3 for a ROWS x BLOCK tile (grid: row tiles, column
@@ -122,10 +137,6 @@ def _fp8_quant(
     # div_rn (IEEE): Triton's fp32 `/` is approximate on NVIDIA GPUs, and an x / scale that should
     # land exactly on a tie of e4m3's grid (frequent with 16-bit x and a scale of amax / 448) then
     # rounds the other way from torch's x / scale (cache/ops.py's reshape_and_cache does the same).
-    # HW_ROUND (compiled kernels): the cast to e4m3 rounds (to nearest, ties to even: the GPU's
-    # conversion); else (Triton's interpreter, whose cast is wrong at a binade's carry) _e4m3_round
-    # rounds first, in about twenty integer and float operations an element, which made this
-    # kernel ALU-bound on the H200.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < M
@@ -144,9 +155,7 @@ def _fp8_quant(
         q = tl.math.div_rn(x, scale[:, None])
         s_ptrs = s_ptr + rows.to(tl.int64) * stride_sm + tl.program_id(1) * stride_sk
         tl.store(s_ptrs, scale, mask=row_ok)
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-    if not HW_ROUND:
-        q = _e4m3_round(q)
+    q = _e4m3_round(tl.minimum(tl.maximum(q, -448.0), 448.0))
     q_ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :] * stride_qk
     tl.store(q_ptrs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
@@ -694,7 +703,7 @@ def _quantize(
     _launch.launch_kernel(
         _fp8_quant, grid,
         x, q, scale, amax_arg, M, K, x.stride(0), x.stride(1), q.stride(0), q.stride(1), *s_strides,
-        MODE=mode, ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, HW_ROUND=not _launch.INTERPRET, num_warps=4,
+        MODE=mode, ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, num_warps=4,
     )  # fmt: skip
     return scale
 
