@@ -9,7 +9,8 @@ Shapes (bf16, renormalized top-k from fp32 logits): qwen36 (specs/models/qwen36.
 and dsv2lite (64 x 1408, top-6), at T = 1 to 8192 (--quick: 1, 16, 256, 2048, 8192).  Methods on
 the same logits: ours (topk_softmax + fused_moe), vLLM's Triton fused MoE with the config vLLM
 picks (bench/peers.py; left out without the peer file), grouped (softmax/top-k, argsort,
-torch._grouped_mm twice), and at T >= 4096 cuBLAS on one expert's GEMMs.  Each is checked
+torch._grouped_mm twice), and at T >= 4096 cuBLAS on one expert's GEMMs; where the bucket aligns
+rows (grouped kernels), moe_align_block_size alone, a part of ours.  Each is checked
 against an fp32 reference (relative error < 2e-2), then timed (bench/timing.py) in interleaved
 rounds: time, the activated experts' weight bytes a second as a fraction of a device copy,
 TFLOP/s.  At T <= 16 also as CUDA-graph replays, and per layer of a STEP_LAYERS-layer decode
@@ -286,6 +287,9 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
         check("grouped", base(), grouped_ref, case)
     case["tokens_routed_differently"] = int((ids.long().sort(-1).values != ti.sort(-1).values).any(-1).sum())
     methods = {"ours": ours, "grouped": base}
+    if bucket.variant.kind == "grouped":
+        # The alignment alone (moe_align_block_size at the bucket's row block): part of ours.
+        methods["align"] = lambda: M.moe_align_block_size(ids, bucket.variant.block_m, E)
     if VLLM is not None and (not SMOKE or (shape_name, T) in SMOKE_PEER):
         peer = VLLM.VllmMoE(w1, w2, k, T, device_name=VLLM.device_name())
         case["vllm_config"] = f"{peer.config_source}: {peer.config}"
@@ -335,6 +339,8 @@ def measure(shape_name, s, T, use_grouped_mm, hw) -> dict:
         # grouped time / ours, the median over rounds (interleaved's ratio is ours / grouped).
         ours_vs_grouped=1 / timed["grouped"]["ratio"],
     )
+    if "align" in ms:
+        case["align_us"] = ms["align"] * 1e3
     if "vllm" in ms:
         case["vllm_us"] = ms["vllm"] * 1e3
         case["ours_vs_vllm"] = 1 / timed["vllm"]["ratio"]  # vllm time / ours, median over rounds
@@ -432,12 +438,13 @@ def fmt(v, spec) -> str:
 
 
 def table(cases) -> None:
-    head = "| shape | T | bucket | ours us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | vLLM us | ours vs vLLM | in graphs: ours us | of copy | grouped us | vLLM us | decode step: us a layer | of copy | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
+    head = "| shape | T | bucket | ours us | of which alignment us | weights TB/s | of copy | ours TFLOP/s | grouped us | ours speedup | vLLM us | ours vs vLLM | in graphs: ours us | of copy | grouped us | vLLM us | decode step: us a layer | of copy | cuBLAS expert TFLOP/s | ours / cuBLAS expert | cuBLAS dense TFLOP/s |"
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for c in cases:
         print(
-            f"| {c['shape']} | {c['T']} | {c['bucket']} | {fmt(c.get('ours_us'), '.1f')} | {fmt(c.get('ours_weight_tbps'), '.3f')}"
+            f"| {c['shape']} | {c['T']} | {c['bucket']} | {fmt(c.get('ours_us'), '.1f')} | {fmt(c.get('align_us'), '.1f')}"
+            f" | {fmt(c.get('ours_weight_tbps'), '.3f')}"
             f" | {fmt(c.get('ours_weight_frac_copy'), '.2f')} | {fmt(c.get('ours_tflops'), '.1f')} | {fmt(c.get('grouped_us'), '.1f')}"
             f" | {fmt(c.get('ours_vs_grouped'), '.2f')}x | {fmt(c.get('vllm_us'), '.1f')} | {fmt(c.get('ours_vs_vllm'), '.2f')}x"
             f" | {fmt(c.get('ours_graph_us'), '.1f')}"
@@ -475,7 +482,9 @@ def main() -> int:
                 RES["cases"].append(case)
                 log(
                     f"{name} T={T:5d} {case['bucket']:15s} ours {case['ours_us']:9.1f} us"
-                    f" ({case['ours_weight_frac_copy']:.2f} of copy, {case['ours_tflops']:.1f} TFLOP/s),"
+                    f" ({case['ours_weight_frac_copy']:.2f} of copy, {case['ours_tflops']:.1f} TFLOP/s"
+                    + (f"; alignment {case['align_us']:.1f} us" if "align_us" in case else "")
+                    + "),"
                     f" grouped {case['grouped_us']:9.1f} us, ours {case['ours_vs_grouped']:.2f}x"
                     + (f"; vLLM {case['vllm_us']:9.1f} us, ours {case['ours_vs_vllm']:.2f}x" if "vllm_us" in case else "")
                     + (

@@ -195,7 +195,8 @@ def test_no_argument_that_varies_with_T_is_specialized_on():
             else:
                 assert not {"T", "numel", "num_m_blocks"} & set(params)
     assert set(_do_not_specialize(rt._align_count)) == {"numel"}
-    assert set(_do_not_specialize(rt._align_scatter)) == {"numel", "max_padded", "max_blocks"}
+    assert set(_do_not_specialize(rt._align_offsets)) == {"segments"}
+    assert set(_do_not_specialize(rt._align_scatter)) == {"numel", "max_padded", "max_blocks", "segments"}
     assert set(_do_not_specialize(rt._topk_softmax_kernel)) == {"T"}
 
 
@@ -212,7 +213,9 @@ def test_a_new_T_in_a_compiled_bucket_compiles_nothing():
         bucket = M.select(T_first, I, dtype=torch.bfloat16, hw="h200")
         assert M.select(T_next, I, dtype=torch.bfloat16, hw="h200") is bucket
         M.fused_moe(*layer(T_first, 8, 16, torch.bfloat16), hw="h200")
-        kernels = [bucket.variant.up, bucket.variant.down, rt._align_count, rt._align_scatter, rt.sum_rows]
+        kernels = [
+            bucket.variant.up, bucket.variant.down, rt._align_count, rt._align_offsets, rt._align_scatter, rt.sum_rows
+        ]
         before = [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
         M.fused_moe(*layer(T_next, 8, 16, torch.bfloat16), hw="h200")
         assert [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels] == before, bucket.name
@@ -498,14 +501,16 @@ def test_out_is_written_in_place_and_T_zero_is_empty():
 
 
 def align_reference(ids, block, E):
-    flat = ids.flatten().cpu().tolist()
-    numel = len(flat)
-    sorted_ids, expert_ids = [], []
+    flat = ids.flatten().long().cpu()
+    numel = flat.numel()
+    rows = torch.sort(flat, stable=True).indices.tolist()  # by expert, in order within one
+    counts = torch.bincount(flat, minlength=E).tolist()
+    sorted_ids, expert_ids, at = [], [], 0
     for e in range(E):
-        rows = [i for i, v in enumerate(flat) if v == e]
-        padded = -(-len(rows) // block) * block
-        sorted_ids += rows + [numel] * (padded - len(rows))
+        padded = -(-counts[e] // block) * block
+        sorted_ids += rows[at : at + counts[e]] + [numel] * (padded - counts[e])
         expert_ids += [e] * (padded // block)
+        at += counts[e]
     total = len(sorted_ids)
     max_padded = numel + E * (block - 1)
     sorted_ids += [numel] * (max_padded - total)
@@ -519,7 +524,7 @@ def align_reference(ids, block, E):
         (1, 1, 8, 16, torch.int32),
         (3, 2, 5, 1, torch.int64),  # block 1: no padding; 5 experts: not a power of two
         (37, 8, 64, 16, torch.int32),  # most experts empty
-        (300, 8, 8, 64, torch.int64),  # 2400 ids: several scans of _ALIGN_BLOCK
+        (300, 8, 8, 64, torch.int64),  # 2400 ids: two segments, the second scanned in two blocks
         (13, 2, 40, 7, torch.int32),  # odd block, more experts than rows
         (50, 1, 4, 128, torch.int32),  # block larger than any expert's rows
     ],
@@ -531,6 +536,29 @@ def test_moe_align_block_size_matches_the_reference(T, k, E, block, dtype):
     sorted_ids, expert_ids, post_pad = M.moe_align_block_size(ids.to(DEVICE), block, E)
     want_sorted, want_experts, total = align_reference(ids, block, E)
     assert sorted_ids.dtype == expert_ids.dtype == post_pad.dtype == torch.int32
+    assert sorted_ids.cpu().tolist() == want_sorted
+    assert expert_ids.cpu().tolist() == want_experts
+    assert post_pad.cpu().tolist() == [total]
+
+
+@pytest.mark.parametrize(
+    "T, k, E, block",
+    [
+        (40, 8, 8, 16),  # 320 ids: 5 segments of 64, prefix tiles of 2 segments (the last partial)
+        (33, 6, 20, 7),  # 198 ids: 4 segments, a tile each; an odd block
+        (5, 1, 3, 4),  # one segment, fewer ids than a block
+    ],
+)
+def test_moe_align_block_size_over_many_segments(monkeypatch, T, k, E, block):
+    """Short segments and prefix tiles (the constants are the kernels' constexprs), so that the
+    ids of one expert span many segments and the prefix sums loop: segment s's rows of an expert
+    follow those of the segments before it."""
+    monkeypatch.setattr(rt, "_ALIGN_SEGMENT", 64)
+    monkeypatch.setattr(rt, "_ALIGN_BLOCK", 32)
+    monkeypatch.setattr(rt, "_ALIGN_TILE", 16)
+    ids = torch.randint(0, E, (T, k), dtype=torch.int32)
+    sorted_ids, expert_ids, post_pad = M.moe_align_block_size(ids.to(DEVICE), block, E)
+    want_sorted, want_experts, total = align_reference(ids, block, E)
     assert sorted_ids.cpu().tolist() == want_sorted
     assert expert_ids.cpu().tolist() == want_experts
     assert post_pad.cpu().tolist() == [total]

@@ -36,13 +36,19 @@ ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Experts and top-k are held in one program's registers (padded to powers of two).
 _MAX_EXPERTS = 4096
-# Elements a program of the alignment kernels scans at a time, and of the reduce kernel sums
-# (up to 1024 columns of one token, or as many tokens as make 1024 elements).
+# The alignment kernels: flat ids a program scans (one expert's, of one segment; the segments
+# spread a long scan over more programs), ids it takes at a time, and the counts its prefix
+# sums load at a time (segments x experts).  Segments of 1024 ids were the fastest of 1024, 2048
+# and 4096 on 8 of 11 cases on the H200, 8 to 524,288 ids (bench/results/h200_moe_align_ab.log).
+_ALIGN_SEGMENT = 1024
 _ALIGN_BLOCK = 1024
+_ALIGN_TILE = 4096
 # Plans of the routers' and moe_align_block_size's calls by argument class (call_cache.py).
 _ROUTE_CALLS = CallCache("topk_softmax")
 _ALIGN_CALLS = CallCache("moe_align_block_size")
 _FUSED_CALLS = CallCache("fused_moe")
+# Elements a program of the reduce kernel sums (up to 1024 columns of one token, or as many
+# tokens as make 1024 elements).
 SUM_BLOCK = 1024
 # topk_softmax gives each token of a call of at most this many its own program (see there).
 TOPK_ONE_ROW_MAX_T = 64
@@ -414,58 +420,88 @@ def sum_rows(rows_ptr, out_ptr, T, N, top_k, stride_rm, stride_om, stride_on, BL
 
 
 @triton.jit(do_not_specialize=["numel"])
-def _align_count(ids_ptr, counts_ptr, numel, BLOCK: tl.constexpr):
-    # counts[e] = how many of the numel flat ids are e; one program per expert.
+def _align_count(ids_ptr, counts_ptr, numel, num_experts, SEGMENT: tl.constexpr, BLOCK: tl.constexpr):
+    # counts[s, e] = how many of segment s's flat ids (SEGMENT of them) are e: grid (experts,
+    # segments), each program scanning its segment BLOCK ids at a time.
     e = tl.program_id(0)
+    s = tl.program_id(1)
     hits = tl.zeros((BLOCK,), dtype=tl.int32)
-    for start in range(0, numel, BLOCK):
+    end = tl.minimum(numel, (s + 1) * SEGMENT)
+    for start in range(s * SEGMENT, end, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1)
+        ids = tl.load(ids_ptr + offs, mask=offs < end, other=-1)
         hits += (ids == e).to(tl.int32)
-    tl.store(counts_ptr + e, tl.sum(hits, axis=0))
+    tl.store(counts_ptr + s * num_experts + e, tl.sum(hits, axis=0))
 
 
-@triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks"])
-def _align_scatter(ids_ptr, counts_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts,
-                   block_size, max_padded, max_blocks, E_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
-    # One program per expert e: its padded range starts after the padded counts of the experts
-    # before it; its flat ids go there in order (a running prefix sum over the ids), then its
-    # padding (numel) and its blocks' expert id.  Each program also fills 1/E of the tail past
-    # the padded total (numel in sorted ids, 0 in expert ids); program 0 stores the total.
-    e = tl.program_id(0)
+@triton.jit(do_not_specialize=["segments"])
+def _align_offsets(counts_ptr, post_pad_ptr, num_experts, block_size, segments, E_BLOCK: tl.constexpr,
+                   S_BLOCK: tl.constexpr):
+    # One program: the counts [segments, experts] become where each segment's rows of each expert
+    # go.  Expert e's padded range starts after the padded counts of the experts before it (each
+    # summed over the segments); segment s's rows of e follow those of the segments before s.
+    # Row ``segments`` gets each expert's start, the row after its count; post_pad the padded total.
     ex = tl.arange(0, E_BLOCK)
-    counts = tl.load(counts_ptr + ex, mask=ex < num_experts, other=0)
-    padded = (counts + block_size - 1) // block_size * block_size
-    total = tl.sum(padded, axis=0)
-    start = tl.sum(tl.where(ex < e, padded, 0), axis=0)
-    count = tl.load(counts_ptr + e)
-    end = start + (count + block_size - 1) // block_size * block_size
-    lanes = tl.arange(0, BLOCK)
+    experts = ex < num_experts
+    totals = tl.zeros((E_BLOCK,), dtype=tl.int32)
+    for s0 in range(0, segments, S_BLOCK):
+        seg = s0 + tl.arange(0, S_BLOCK)
+        ptrs = counts_ptr + seg[:, None] * num_experts + ex[None, :]
+        totals += tl.sum(tl.load(ptrs, mask=(seg < segments)[:, None] & experts[None, :], other=0), axis=0)
+    padded = (totals + block_size - 1) // block_size * block_size
+    start = tl.cumsum(padded, axis=0) - padded
     run = start
-    for s in range(0, numel, BLOCK):
-        offs = s + lanes
-        hit = (tl.load(ids_ptr + offs, mask=offs < numel, other=-1) == e).to(tl.int32)
+    for s0 in range(0, segments, S_BLOCK):
+        seg = s0 + tl.arange(0, S_BLOCK)
+        ptrs = counts_ptr + seg[:, None] * num_experts + ex[None, :]
+        mask = (seg < segments)[:, None] & experts[None, :]
+        tile = tl.load(ptrs, mask=mask, other=0)
+        tl.store(ptrs, run[None, :] + tl.cumsum(tile, axis=0) - tile, mask=mask)
+        run += tl.sum(tile, axis=0)
+    tl.store(counts_ptr + segments * num_experts + ex, start, mask=experts)
+    tl.store(counts_ptr + (segments + 1) * num_experts + ex, totals, mask=experts)
+    tl.store(post_pad_ptr, tl.sum(padded, axis=0))
+
+
+@triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks", "segments"])
+def _align_scatter(ids_ptr, offsets_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts,
+                   block_size, max_padded, max_blocks, segments, SEGMENT: tl.constexpr, BLOCK: tl.constexpr):
+    # Grid (experts, segments): segment s's ids of expert e go, in order, from where
+    # _align_offsets put them (a running prefix sum over the segment's ids).  Each expert's
+    # segment-0 program then stores its padding (numel) and its blocks' expert id, and fills 1/E
+    # of the tail past the padded total (numel in sorted ids, 0 in expert ids).
+    e = tl.program_id(0)
+    s = tl.program_id(1)
+    lanes = tl.arange(0, BLOCK)
+    run = tl.load(offsets_ptr + s * num_experts + e)
+    seg_end = tl.minimum(numel, (s + 1) * SEGMENT)
+    for p in range(s * SEGMENT, seg_end, BLOCK):
+        offs = p + lanes
+        hit = (tl.load(ids_ptr + offs, mask=offs < seg_end, other=-1) == e).to(tl.int32)
         tl.store(sorted_ptr + run + tl.cumsum(hit, axis=0) - hit, offs, mask=hit != 0)
         run += tl.sum(hit, axis=0)
-    pad = tl.zeros((BLOCK,), dtype=tl.int32) + numel
-    for p in range(start + count, end, BLOCK):
-        tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < end)
-    mine = tl.zeros((BLOCK,), dtype=tl.int32) + e
-    for b in range(start // block_size, end // block_size, BLOCK):
-        tl.store(experts_ptr + b + lanes, mine, mask=b + lanes < end // block_size)
-    share = (max_padded - total + num_experts - 1) // num_experts
-    lo = total + e * share
-    hi = tl.minimum(lo + share, max_padded)
-    for p in range(lo, hi, BLOCK):
-        tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < hi)
-    first_block = total // block_size
-    share = (max_blocks - first_block + num_experts - 1) // num_experts
-    lo = first_block + e * share
-    hi = tl.minimum(lo + share, max_blocks)
-    for b in range(lo, hi, BLOCK):
-        tl.store(experts_ptr + b + lanes, tl.zeros((BLOCK,), dtype=tl.int32), mask=b + lanes < hi)
-    if e == 0:
-        tl.store(post_pad_ptr, total)
+    if s == 0:
+        start = tl.load(offsets_ptr + segments * num_experts + e)
+        count = tl.load(offsets_ptr + (segments + 1) * num_experts + e)
+        end = start + (count + block_size - 1) // block_size * block_size
+        total = tl.load(post_pad_ptr)
+        pad = tl.zeros((BLOCK,), dtype=tl.int32) + numel
+        for p in range(start + count, end, BLOCK):
+            tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < end)
+        mine = tl.zeros((BLOCK,), dtype=tl.int32) + e
+        for b in range(start // block_size, end // block_size, BLOCK):
+            tl.store(experts_ptr + b + lanes, mine, mask=b + lanes < end // block_size)
+        share = (max_padded - total + num_experts - 1) // num_experts
+        lo = total + e * share
+        hi = tl.minimum(lo + share, max_padded)
+        for p in range(lo, hi, BLOCK):
+            tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < hi)
+        first_block = total // block_size
+        share = (max_blocks - first_block + num_experts - 1) // num_experts
+        lo = first_block + e * share
+        hi = tl.minimum(lo + share, max_blocks)
+        for b in range(lo, hi, BLOCK):
+            tl.store(experts_ptr + b + lanes, tl.zeros((BLOCK,), dtype=tl.int32), mask=b + lanes < hi)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -831,26 +867,42 @@ def align(ids: torch.Tensor, block_size: int, num_experts: int,
     numel = ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
     max_blocks = _launch.cdiv(max_padded, block_size)
-    sizes = align_sizes(max_padded, max_blocks, num_experts)
+    segments = align_segments(numel)
+    sizes = align_sizes(max_padded, max_blocks, num_experts, segments)
     sorted_ids, expert_ids, post_pad, counts = step(_align_buffers, ids, sizes)
-    _launch.launch_kernel(_align_count, (num_experts,), ids, counts, numel, BLOCK=_ALIGN_BLOCK, num_warps=4)
+    grid = (num_experts, segments)
     _launch.launch_kernel(
-        _align_scatter, (num_experts,),
+        _align_count, grid, ids, counts, numel, num_experts, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK, num_warps=4
+    )  # fmt: skip
+    e_block = _launch.pow2ceil(num_experts)
+    _launch.launch_kernel(
+        _align_offsets, (1,), counts, post_pad, num_experts, block_size, segments,
+        E_BLOCK=e_block, S_BLOCK=max(1, _ALIGN_TILE // e_block), num_warps=4,
+    )  # fmt: skip
+    _launch.launch_kernel(
+        _align_scatter, grid,
         ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
-        E_BLOCK=_launch.pow2ceil(num_experts), BLOCK=_ALIGN_BLOCK, num_warps=4,
+        segments, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK, num_warps=4,
     )  # fmt: skip
     if named is not None:
         named += [counts, expert_ids]
     return sorted_ids, expert_ids, post_pad
 
 
-def align_sizes(max_padded: int, max_blocks: int, num_experts: int) -> list[int]:
-    """The int32 buffer of one alignment, split: sorted ids, expert ids, post_pad and the counts,
-    each starting 16 bytes in (Triton specializes on that), the gaps between them."""
+def align_segments(numel: int) -> int:
+    """The segments of the flat ids the alignment kernels split among programs (each expert's),
+    _ALIGN_SEGMENT ids each; at least one."""
+    return max(1, _launch.cdiv(numel, _ALIGN_SEGMENT))
+
+
+def align_sizes(max_padded: int, max_blocks: int, num_experts: int, segments: int) -> list[int]:
+    """The int32 buffer of one alignment, split: sorted ids, expert ids, post_pad and the
+    per-segment counts (then offsets) with each expert's start and count, each starting 16 bytes
+    in (Triton specializes on that), the gaps between them."""
     def pad(n: int) -> int:
         return _launch.cdiv(n, 4) * 4 - n
 
-    return [max_padded, pad(max_padded), max_blocks, pad(max_blocks), 1, 3, num_experts]
+    return [max_padded, pad(max_padded), max_blocks, pad(max_blocks), 1, 3, (segments + 2) * num_experts]
 
 
 def _align_buffers(ids: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
@@ -885,7 +937,7 @@ def moe_align_block_size(
         ids, (sorted_ids, _, post_pad) = named[0], result
         counts, expert_ids = named[1], named[2]
         max_padded = sorted_ids.shape[0]
-        sizes = align_sizes(max_padded, expert_ids.shape[0], num_experts)
+        sizes = align_sizes(max_padded, expert_ids.shape[0], num_experts, align_segments(ids.numel()))
         _ALIGN_CALLS.commit(rec, key, (ids, counts, sorted_ids, expert_ids, post_pad), data=sizes)
     else:
         _ALIGN_CALLS.commit(rec, key, ())
