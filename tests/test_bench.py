@@ -267,6 +267,8 @@ def test_moe_bench_smoke(bench, tmp_path):
     target (h200), the wide decode bucket at the e128 stand-in's one token, each method checked
     against the fp32 reference before it was timed, the cuBLAS comparison at the prefill sizes,
     the decode step (eager here) at one token of the qwen36 stand-in."""
+    from generated import moe as M
+
     out = bench("moe.py")
     result = json.loads((tmp_path / "moe.json").read_text())
     assert result["errors"] == [] and result["skipped"] == []
@@ -279,12 +281,16 @@ def test_moe_bench_smoke(bench, tmp_path):
         assert {"ours", "grouped"} <= checked and all(e < 2e-2 for e in c["errors_vs_ref"].values()), c
         assert c["ours_us"] > 0 and c["grouped_us"] > 0 and 0 < c["ours_weight_frac_copy"]
         assert ("cublas_expert_tflops" in c) == ("cublas_expert" in checked) == (c["T"] >= 16)
+        # The alignment timed alone where the bucket aligns rows (its grouped kernels).
+        aligned = M.VARIANTS[c["kernels"]].kind == "grouped"
+        assert ("align_us" in c) == aligned and (not aligned or 0 < c["align_us"]), c
         stepped = (c["shape"], c["T"]) == ("qwen36", 1)  # (every T <= 16 on a GPU)
         assert ("ours_step_layer_us" in c) == stepped and "step_error" not in c, c
         if stepped:
             assert c["step_layers"] == 2 and c["step_weight_bytes"] > c["weight_bytes"] > 0
             assert c["ours_step_layer_us"] > 0 and c["ours_step_weight_frac_copy"] > 0
     assert "6 cases, 0 errors, 0 skipped" in out
+    assert sum("align_us" in c for c in cases) >= 2  # (small, medium and prefill align rows)
     peer = {(c["shape"], c["T"]) for c in cases if "vllm_us" in c}
     if PEERS.is_file():  # vLLM's fused MoE beside ours (the smoke run: two cases), checked first
         assert peer == {("qwen36", 1), ("qwen36", 5)}
