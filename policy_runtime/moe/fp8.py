@@ -25,7 +25,7 @@ import triton.language as tl
 from .. import launch as _launch
 from ..call_cache import NO_PLAN, CallCache, args_key, grad_needed, lookup, step, tensor_key
 from ..lookup import PolicyTables
-from ..fp8_kv import round_half_even
+from ..fp8_kv import to_e4m3
 from ..scaled_mm.constexprs import SCALE_BLOCK
 from .ops import (
     ACTIVATIONS,
@@ -70,16 +70,11 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _e4m3_round_in_software(v):
-    # v (fp32, |v| <= 448) rounded to the nearest e4m3fn value, ties to even, still in fp32: the
-    # spacing of e4m3 values at v's binade (2**(e - 3), e4m3's subnormals that of its least normal
-    # binade, 2**-9); |v| / spacing (exact, below 16) rounded to an integer in integer arithmetic
-    # (policy_runtime/fp8_kv.py's round_half_even: no float add-and-subtract trick a compiler may
-    # fold), the sign put back.  The cast to e4m3 after is then exact.
-    e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
-    spacing = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    inverse = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)
-    r = round_half_even(tl.abs(v) * inverse) * spacing
-    return tl.where(v < 0, -r, r)
+    # v (fp32, |v| <= 448) rounded to the nearest e4m3fn value, ties to even, still in fp32:
+    # policy_runtime/fp8_kv.py's to_e4m3 (the cache write's, which builds the byte in integer
+    # arithmetic and is held to torch's cast on every class of value) read back exactly.  The cast
+    # to e4m3 after is then exact.
+    return to_e4m3(v).to(tl.float32)
 
 
 @triton.jit
