@@ -168,6 +168,29 @@ def test_quantize_rounds_as_torch():
     assert torch.equal(q.cpu().float(), x.cpu().clamp(-448, 448).to(FP8).float())
 
 
+@pytest.mark.parametrize("M, K", [(1, 128), (7, 300), (33, 2048), (4128, 256)])
+def test_dynamic_scale_reduces_every_partial_maximum_and_zeroes_the_next_amax(M, K):
+    """Dynamic per tensor: _fp8_amax's partial maxima (one, some, and fewer programs than tiles at
+    4128 x 256) reduced to amax / 448 wherever the largest value lies (the last tile's last element
+    here), and the launch zeroes ``reset`` (the intermediate's amax, which starts as garbage); a
+    static scale is left as it was."""
+    x = torch.randn(M, K).to(torch.float16)
+    x[-1, -1] = -50.0  # the amax, in the last tile of the last program
+    q = torch.empty(M, K, dtype=FP8)
+    reset = torch.full((1,), 1e30)
+    x, q, reset = to_device(x, q, reset)
+    tiles = -(-M // rt._AMAX_ROWS) * -(-K // rt._AMAX_BLOCK)
+    assert (tiles > rt.AMAX_PARTS) == (M == 4128)
+    scale = rt._quantize(x, q, rt.TENSOR, None, None, reset=reset)
+    want = torch.tensor(50.0) / 448
+    assert scale.cpu().item() == want.item()
+    assert reset.cpu().item() == 0.0
+    assert torch.equal(q.cpu().float(), (x.cpu().float() / want).clamp(-448, 448).to(FP8).float())
+    static = to_device(torch.full((1,), 0.5))[0]
+    rt._quantize(x, q, rt.TENSOR, static, None)
+    assert static.cpu().item() == 0.5
+
+
 SCALINGS = ("tensor dynamic", "tensor static", "block")
 
 
@@ -430,4 +453,5 @@ def test_no_argument_that_varies_with_T_is_specialized_on():
                 assert unspecialized(kernel) == {"numel", "num_m_blocks"} <= params
             else:
                 assert not {"T", "M", "numel", "num_m_blocks"} & params
-    assert unspecialized(rt._fp8_quant) == unspecialized(rt._fp8_amax) == {"M"}
+    assert unspecialized(rt._fp8_quant) == {"M", "amax_n", "reset_n"}
+    assert unspecialized(rt._fp8_amax) == {"M"}

@@ -61,6 +61,12 @@ _ROUND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # The quantizing kernel's modes (its MODE constexpr) and tile: ROWS rows of one 128-column group.
 Q_STATIC, Q_DYNAMIC, Q_GROUP = 0, 1, 2
 _Q_ROWS = 16
+# The dynamic per-tensor amax: at most AMAX_PARTS programs, each the largest |x| of its share of
+# _AMAX_ROWS x _AMAX_BLOCK tiles (16 KB of 16-bit x a load), which _fp8_quant's programs reduce (a
+# 512-byte read each).
+AMAX_PARTS = 128
+_AMAX_ROWS = 32
+_AMAX_BLOCK = 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -96,22 +102,31 @@ _e4m3_round = _e4m3_round_in_software if _launch.INTERPRET else _e4m3_round_by_t
 
 
 @triton.jit(do_not_specialize=["M"])
-def _fp8_amax(x_ptr, amax_ptr, M, K, stride_xm, stride_xk, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    # amax_ptr[0] = max(amax_ptr[0], |x| over a ROWS x BLOCK tile): grid (row tiles, column tiles),
-    # amax_ptr zeroed before.
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = (rows < M)[:, None] & (cols < K)[None, :]
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
-    tl.atomic_max(amax_ptr, tl.max(tl.abs(x.to(tl.float32))), sem="relaxed")
+def _fp8_amax(x_ptr, part_ptr, M, K, stride_xm, stride_xk, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    # part_ptr[p] = max |x| over the ROWS x BLOCK tiles p, p + P, p + 2P, ... (row-major over the
+    # tiles; grid (P,), P at most AMAX_PARTS): partial maxima, which _fp8_quant reduces, so no
+    # buffer is zeroed before (one launch fewer than an atomic maximum into a zeroed scalar).
+    p = tl.program_id(0)
+    col_tiles = tl.cdiv(K, BLOCK)
+    m = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    for t in range(p, tl.cdiv(M, ROWS) * col_tiles, tl.num_programs(0)):
+        rows = (t // col_tiles) * ROWS + tl.arange(0, ROWS)
+        cols = (t % col_tiles) * BLOCK + tl.arange(0, BLOCK)
+        mask = (rows < M)[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
+        m = tl.maximum(m, tl.abs(x.to(tl.float32)))
+    tl.store(part_ptr + p, tl.max(m))
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "amax_n", "reset_n"])
 def _fp8_quant(
     x_ptr,
     q_ptr,
     s_ptr,
     amax_ptr,
+    amax_n,
+    reset_ptr,
+    reset_n,
     M,
     K,
     stride_xm,
@@ -123,11 +138,14 @@ def _fp8_quant(
     MODE: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    AMAX_PARTS: tl.constexpr,
 ):
-    # M (tokens or routed rows) is not specialized on, so a new T compiles nothing.
+    # M (tokens or routed rows), amax_n and reset_n are not specialized on, so a new T (or another
+    # mix of static and dynamic scales) compiles nothing.
     # q = clamp(x / scale, -448, 448) in e4m3 for a ROWS x BLOCK tile (grid: row tiles, column
-    # tiles).  MODE 0: scale s_ptr[0] (static per tensor); 1: max(amax_ptr[0], floor) / 448 (dynamic
-    # per tensor; program (0, 0) stores it to s_ptr[0]); 2: per row and BLOCK-column group, its
+    # tiles).  MODE 0: scale s_ptr[0] (static per tensor); 1: max(amax, floor) / 448, amax the
+    # largest of amax_ptr[:amax_n] (dynamic per tensor: _fp8_amax's partial maxima, or the up
+    # GEMM's atomic one; program (0, 0) stores the scale to s_ptr[0]); 2: per row and BLOCK-column group, its
     # amax / 448, stored to s_ptr[row, group] (vLLM's per_token_group_quant_fp8).  Divisions are
     # div_rn (IEEE): Triton's fp32 `/` is approximate on NVIDIA GPUs, and an x / scale that should
     # land exactly on a tie of e4m3's grid (frequent with 16-bit x and a scale of amax / 448) then
@@ -138,10 +156,16 @@ def _fp8_quant(
     mask = row_ok[:, None] & (cols < K)[None, :]
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
     x = x.to(tl.float32)
+    if (reset_n > 0) & (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        # The next amax gathered by atomics (the up GEMM's, of the intermediate) starts at zero:
+        # this launch precedes it on the stream.
+        tl.store(reset_ptr, 0.0)
     if MODE == 0:
         q = tl.math.div_rn(x, tl.load(s_ptr))
     elif MODE == 1:
-        scale = tl.math.div_rn(tl.maximum(tl.load(amax_ptr), 1e-10), 448.0)
+        parts = tl.arange(0, AMAX_PARTS)
+        amax = tl.max(tl.load(amax_ptr + parts, mask=parts < amax_n, other=0.0))
+        scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
         q = tl.math.div_rn(x, scale)
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             tl.store(s_ptr, scale)
@@ -674,13 +698,20 @@ def check_moe_scales(
 
 
 def _quantize(
-    x: torch.Tensor, q: torch.Tensor, scaling: int, static: Optional[torch.Tensor], amax: Optional[torch.Tensor]
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scaling: int,
+    static: Optional[torch.Tensor],
+    amax: Optional[torch.Tensor],
+    reset: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """x (M, K) into q in e4m3: per tensor by ``static`` or by the amax (dynamic; ``amax`` already
-    gathered, else gathered here), or per row and 128-group; returns the scales as the GEMMs read
-    them ((1,) or (M, K / 128))."""
+    """x (M, K) into q in e4m3: per tensor by ``static`` or by the amax (dynamic; ``amax`` the one
+    already gathered, else gathered here), or per row and 128-group; returns the scales as the GEMMs
+    read them ((1,) or (M, K / 128)).  ``reset``: a one-element fp32 tensor the launch zeroes (the
+    intermediate's amax, which the up GEMM gathers by atomics after it)."""
     M, K = x.shape
     grid = (_launch.cdiv(M, _Q_ROWS), _launch.cdiv(K, SCALE_BLOCK))
+    amax_n = 1
     if scaling == BLOCK:
         scale = step(torch.empty, (M, K // SCALE_BLOCK), dtype=torch.float32, device=x.device)
         mode, amax_arg = Q_GROUP, scale
@@ -689,16 +720,20 @@ def _quantize(
     else:
         scale, mode = step(torch.empty, 1, dtype=torch.float32, device=x.device), Q_DYNAMIC
         if amax is None:
-            amax = step(torch.zeros, 1, dtype=torch.float32, device=x.device)
+            tiles = _launch.cdiv(M, _AMAX_ROWS) * _launch.cdiv(K, _AMAX_BLOCK)
+            amax_n = min(AMAX_PARTS, tiles)
+            amax = step(torch.empty, amax_n, dtype=torch.float32, device=x.device)
             _launch.launch_kernel(
-                _fp8_amax, grid, x, amax, M, K, x.stride(0), x.stride(1), ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, num_warps=4
-            )
+                _fp8_amax, (amax_n,), x, amax, M, K, x.stride(0), x.stride(1), ROWS=_AMAX_ROWS, BLOCK=_AMAX_BLOCK,
+                num_warps=8,
+            )  # fmt: skip
         amax_arg = amax
     s_strides = scale.stride() if scale.dim() == 2 else (0, 0)
     _launch.launch_kernel(
         _fp8_quant, grid,
-        x, q, scale, amax_arg, M, K, x.stride(0), x.stride(1), q.stride(0), q.stride(1), *s_strides,
-        MODE=mode, ROWS=_Q_ROWS, BLOCK=SCALE_BLOCK, num_warps=4,
+        x, q, scale, amax_arg, amax_n, scale if reset is None else reset, int(reset is not None), M, K,
+        x.stride(0), x.stride(1), q.stride(0), q.stride(1), *s_strides, MODE=mode, ROWS=_Q_ROWS,
+        BLOCK=SCALE_BLOCK, AMAX_PARTS=AMAX_PARTS, num_warps=4,
     )  # fmt: skip
     return scale
 
@@ -736,10 +771,13 @@ class Fp8Variant(KernelPair):
         compiling = _launch.compiling()
         # Torch ops between the launches go through ``step``: a call cache's plan replays them.
         x_q = step(torch.empty, (T, H), dtype=FP8, device=dev)
-        x_s = _quantize(x, x_q, scales.scaling, scales.a1, None)
         # The intermediate: quantized by the up GEMM's epilogue (static scale), else stored in x's
-        # dtype and quantized after (its amax gathered by the up GEMM where dynamic per tensor).
+        # dtype and quantized after (its amax gathered by the up GEMM where dynamic per tensor, into
+        # a scalar the quantization of x zeroes).
         amax = None
+        if scales.scaling == TENSOR and scales.a2 is None:
+            amax = step(torch.empty, 1, dtype=torch.float32, device=dev)
+        x_s = _quantize(x, x_q, scales.scaling, scales.a1, None, reset=amax)
         simt = self.kind == "simt"
         # Rows of other ranks' experts are never written by the grouped up GEMM; where a pass
         # quantizes every row after it, they start at zero (never read either way).
@@ -749,7 +787,6 @@ class Fp8Variant(KernelPair):
             hs_arg = amax_arg = scales.a2
         elif scales.scaling == TENSOR:
             out_mode, h = OUT_AMAX, step(alloc, (numel, inter), dtype=x.dtype, device=dev)
-            amax = step(torch.zeros, 1, dtype=torch.float32, device=dev)
             hs_arg = amax_arg = amax
         else:
             out_mode, h = OUT_PLAIN, step(alloc, (numel, inter), dtype=x.dtype, device=dev)
