@@ -618,8 +618,9 @@ def vllm_methods(name, what, make, reference, methods, errors_key):
             if check(f"{name} ({what} {splits} splits)", got, reference):
                 methods[f"vllm{splits}"] = fn
         except Exception as e:  # noqa: BLE001
-            RES["peers"].setdefault(errors_key, {})[f"{name} ({splits} splits)"] = f"{type(e).__name__}: {str(e)[:300]}"
-            log(f"{name}: vllm {splits} splits: {type(e).__name__}: {str(e)[:300]}")
+            why = f"{type(e).__name__}: {str(e)[:300]}"
+            RES["peers"].setdefault(errors_key, {})[f"{name} ({splits} splits)"] = why
+            log(f"{name}: vllm {splits} splits: {why}")
 
 
 def better_vllm(timed, row):
