@@ -102,6 +102,31 @@ def programmatic(t: torch.Tensor) -> bool:
     return t.is_cuda and not INTERPRET and torch.version.hip is None and _pdl_device(t.get_device())
 
 
+class Chain:
+    """The launches of one call as a chain of programmatic dependent launches, where ``t``'s device
+    has them.  ``link()`` gives the next launch's keyword arguments: constexpr ``PDL`` (the kernel
+    calls ``gdc_wait()`` then ``gdc_launch_dependents()`` before it reads or writes anything: the
+    next launch may start as soon as this one has), and for every launch but the first
+    ``launch_pdl``: its programs are scheduled while the launch before runs and wait on the device
+    for it.  ``link(dependent=False)``: launched plainly (after everything before it on the
+    stream; its wait a no-op) but still letting the next one start early.  The results are those
+    of plain launches in stream order.  Without PDL every link is ``PDL=False``."""
+
+    __slots__ = ("on", "started")
+
+    def __init__(self, t: torch.Tensor):
+        self.on = programmatic(t)
+        self.started = False
+
+    def link(self, dependent: bool = True) -> dict[str, bool]:
+        if not self.on:
+            return {"PDL": False}
+        if not self.started or not dependent:
+            self.started = True
+            return {"PDL": True}
+        return {"PDL": True, "launch_pdl": True}
+
+
 # ----------------------------------------------------------------------------------------------
 # Launches, and warm-up's compile-only scope
 

@@ -455,3 +455,47 @@ def test_no_argument_that_varies_with_T_is_specialized_on():
                 assert not {"T", "M", "numel", "num_m_blocks"} & params
     assert unspecialized(rt._fp8_quant) == {"M", "amax_n", "reset_n"}
     assert unspecialized(rt._fp8_amax) == {"M"}
+
+
+def _fp8_launches(T, scaling):
+    """(kernel name, constexpr PDL, launch_pdl) of each launch of one fused_moe_fp8 call through
+    the h200 policy, captured by warm-up's compile-only scope (nothing runs)."""
+    from policy_runtime import launch
+
+    block = scaling == "block"
+    x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(T, 8, 2, 128, 128, torch.float16, block)
+    a1 = a2 = None
+    if scaling == "tensor static":
+        a1, a2 = torch.tensor([0.01]), torch.tensor([0.004])
+    args = to_device(x, w1q, w2q, weights, ids, w1s, w2s, a1, a2)
+    seen = []
+    with launch.compile_only(lambda kernel, grid, a, kwargs: seen.append((kernel, kwargs))):
+        M.fused_moe_fp8(*args[:5], w1_scale=args[5], w2_scale=args[6], a1_scale=args[7], a2_scale=args[8],
+                        block_shape=BLOCK if block else None, hw=HW)  # fmt: skip
+    return [(getattr(k, "__name__", k.fn.__name__), kw.get("PDL"), kw.get("launch_pdl", False)) for k, kw in seen]
+
+
+@pytest.mark.parametrize("T", [1, 33])
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_every_launch_of_a_call_is_a_link_of_one_dependent_chain(T, scaling, monkeypatch):
+    """Where the device has programmatic dependent launch, every launch of a call (quantizations,
+    alignment, GEMMs, reduce) is a link of one chain: each lets the next start (PDL); all but the
+    first and the grouped GEMMs are launched dependent (launch_pdl), waiting on the device.
+    Without it (the interpreter, ROCm, before 9.0) the same kernels launch plainly, PDL off."""
+    from policy_runtime import launch
+
+    monkeypatch.setattr(launch, "programmatic", lambda t: False)
+    plain = _fp8_launches(T, scaling)
+    monkeypatch.setattr(launch, "programmatic", lambda t: True)
+    chained = _fp8_launches(T, scaling)
+    names = [name for name, _, _ in plain]
+    assert [name for name, _, _ in chained] == names
+    # A simt call runs its up and down kernels after the quantizations; a grouped one aligns too.
+    assert len(names) >= (4 if T == 1 else 7) - (scaling == "tensor static") - (scaling == "block"), names
+    assert names[0] in ("_fp8_amax", "_fp8_quant") and any(n.startswith("_align") for n in names) == (T > 1)
+    assert all(pdl is False and not dependent for _, pdl, dependent in plain)
+    assert chained[0][1:] == (True, False)
+    # The grouped GEMMs are launched plainly (they lose as dependants), still releasing the next.
+    grouped = [link for link in chained if link[0].startswith("_moe_e4m3_grouped")]
+    assert len(grouped) == (0 if T == 1 else 2) and all(link[1:] == (True, False) for link in grouped)
+    assert all(link[1:] == (True, True) for link in chained[1:] if link not in grouped), chained

@@ -85,6 +85,68 @@ def test_every_bucket_bf16_against_dequantized(block):
     assert seen == {b.name for b in M.buckets(hw=hw, dtype=torch.float8_e4m3fn)}
 
 
+@pytest.mark.parametrize("scaling", ["tensor dynamic", "tensor static", "block"])
+def test_the_dependent_chain_gives_plain_launches_results_eagerly_and_in_a_graph(scaling, monkeypatch):
+    """Every launch of a call a link of one chain of programmatic dependent launches (Hopper and
+    later) against the same kernels launched plainly: the same bytes out, on each bucket's token
+    count, eagerly and replayed from a CUDA graph on new activations and routing (where the
+    dependencies are captured as programmatic edges), several calls back to back."""
+    from test_moe_fp8 import layer
+
+    from policy_runtime import call_cache
+    from policy_runtime import launch
+    from policy_runtime.timing import captured
+
+    M, hw = _target()
+    if hw in M.UNSERVED_FP8:
+        pytest.skip(f"{hw} has no e4m3fn tensor cores")
+    if not launch.programmatic(torch.zeros(1, device="cuda")):
+        pytest.skip("the device has no programmatic dependent launch (NVIDIA 9.0 and later)")
+    real = launch.programmatic
+    block = scaling == "block"
+    torch.manual_seed(0)
+    for T in (1, 3, 33, 1000):
+        x, _, (w1q, w1s, w2q, w2s), weights, ids = layer(T, 16, 4, 1024, 512, torch.bfloat16, block)
+        dev = [t.cuda() for t in (x, w1q, w2q, weights, ids, w1s, w2s)]
+        a1 = a2 = None
+        if scaling == "tensor static":
+            a1, a2 = (x.float().abs().max() / 448).reshape(1).cuda(), torch.tensor([0.01], device="cuda")
+        layers = [dev]
+        for _ in range(2):  # the graph's later inputs: other activations and routing
+            x2, _, _, weights2, ids2 = layer(T, 16, 4, 1024, 512, torch.bfloat16, block)
+            layers.append([x2.cuda(), dev[1], dev[2], weights2.cuda(), ids2.cuda(), dev[5], dev[6]])
+        outs = {}
+        for mode in ("plain", "chain"):
+            monkeypatch.setattr(launch, "programmatic", real if mode == "chain" else (lambda t: False))
+            call_cache.clear_all()
+            got = []
+            for d in layers:  # three calls back to back, nothing synchronized between them
+                got.append(M.fused_moe_fp8(*d[:5], w1_scale=d[5], w2_scale=d[6], a1_scale=a1, a2_scale=a2,
+                                           block_shape=[128, 128] if block else None, hw=hw))  # fmt: skip
+            inputs = [t.clone() for t in (layers[0][0], layers[0][3], layers[0][4])]
+
+            def step():
+                return M.fused_moe_fp8(inputs[0], dev[1], dev[2], inputs[1], inputs[2], w1_scale=dev[5],
+                                       w2_scale=dev[6], a1_scale=a1, a2_scale=a2,
+                                       block_shape=[128, 128] if block else None, hw=hw)  # fmt: skip
+
+            graph, out = captured(step)
+            for d in layers[1:]:
+                for dst, src in zip(inputs, (d[0], d[3], d[4])):
+                    dst.copy_(src)
+                graph.replay()
+                got.append(out.clone())
+            torch.cuda.synchronize()
+            outs[mode] = got
+        for i, (a, b) in enumerate(zip(outs["plain"], outs["chain"])):
+            assert torch.equal(a, b), (T, scaling, i)
+        # The replays are the eager calls on the same inputs.
+        for i in (1, 2):
+            assert torch.equal(outs["chain"][i], outs["chain"][i + 2]), (T, scaling, i)
+    monkeypatch.setattr(launch, "programmatic", real)
+    call_cache.clear_all()
+
+
 def test_activation_quantization_is_torchs_cast():
     """The quantizing kernel's values against torch's ``(x / scale).clamp(-448, 448)`` cast (IEEE
     division, ties to even) on bf16 data where x / scale lands on ties of e4m3's grid: a static

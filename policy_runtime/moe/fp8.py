@@ -33,6 +33,7 @@ from .ops import (
     KernelPair,
     act_and_mul,
     align,
+    chain_link,
     check_expert_map,
     fail,
     index_tensor,
@@ -102,10 +103,13 @@ _e4m3_round = _e4m3_round_in_software if _launch.INTERPRET else _e4m3_round_by_t
 
 
 @triton.jit(do_not_specialize=["M"])
-def _fp8_amax(x_ptr, part_ptr, M, K, stride_xm, stride_xk, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _fp8_amax(x_ptr, part_ptr, M, K, stride_xm, stride_xk, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+              PDL: tl.constexpr = False):
     # part_ptr[p] = max |x| over the ROWS x BLOCK tiles p, p + P, p + 2P, ... (row-major over the
     # tiles; grid (P,), P at most AMAX_PARTS): partial maxima, which _fp8_quant reduces, so no
     # buffer is zeroed before (one launch fewer than an atomic maximum into a zeroed scalar).
+    # PDL: a link of the call's launch.Chain (every kernel of this module).
+    chain_link(PDL)
     p = tl.program_id(0)
     col_tiles = tl.cdiv(K, BLOCK)
     m = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
@@ -139,6 +143,7 @@ def _fp8_quant(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     AMAX_PARTS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # M (tokens or routed rows), amax_n and reset_n are not specialized on, so a new T (or another
     # mix of static and dynamic scales) compiles nothing.
@@ -150,6 +155,7 @@ def _fp8_quant(
     # div_rn (IEEE): Triton's fp32 `/` is approximate on NVIDIA GPUs, and an x / scale that should
     # land exactly on a tie of e4m3's grid (frequent with 16-bit x and a scale of amax / 448) then
     # rounds the other way from torch's x / scale (cache/ops.py's reshape_and_cache does the same).
+    chain_link(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < M
@@ -242,11 +248,13 @@ def fp8_grouped_up_body(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # policy_runtime/moe/ops.py's grouped_up_body on e4m3 operands: one aligned block of one expert's rows,
     # BLOCK_N columns of each half of w1, grouped order.  SCALING 0: the accumulated tiles times
     # xs[0] * ws[e]; 1: each K step's products times xs[row, kb] and ws[e, n // 128, kb] (n the
     # weight row: gate and up halves have their own blocks).
+    chain_link(PDL)
     group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
     first_m = (tl.program_id(0) // group) * GROUP_M
     group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
@@ -359,6 +367,7 @@ def fp8_grouped_down_body(
     FUSE_SUM: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # policy_runtime/moe/ops.py's grouped_down_body on e4m3 operands: weights[row] * (h[row] @ w[e].T) for
     # one aligned block, scaled as fp8_grouped_up_body (h's scale hs[0] or hs[row, kb]); FUSE_SUM adds
@@ -366,6 +375,7 @@ def fp8_grouped_down_body(
     # the split) splits K's tiles into SPLIT_K runs, program s taking run s; without FUSE_SUM
     # out is then fp32 partial rows, row * SPLIT_K + s (a token's k * SPLIT_K rows adjacent, for
     # sum_rows), so few aligned blocks of a long K (one token of Mixtral's 14336) still fill the GPU.
+    chain_link(PDL)
     group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
     first_m = (tl.program_id(0) // group) * GROUP_M
     group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
@@ -465,6 +475,7 @@ def fp8_simt_up_body(
     STAGES: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     EP: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # One flat row r = t * k + j a program (axis 0), BLOCK_N columns of each half (axis 1), on the
     # CUDA cores (policy_runtime/moe/ops.py's simt_up_body on one-byte weights): each step a BLOCK_N x
@@ -473,6 +484,7 @@ def fp8_simt_up_body(
     # products by the row's group scale and the slab rows' block scales; 0 the sums by xs[0] *
     # ws[e].  STAGES > 1 stages the loop's loads through shared memory (tl.range).  EP: a row of
     # another rank's expert (id -1) loads nothing and is not read by the down kernel.
+    chain_link(PDL)
     r = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = (offs_n % N).to(tl.int64)
@@ -557,6 +569,7 @@ def fp8_simt_down_body(
     SCALE_BLOCK: tl.constexpr,
     KB: tl.constexpr,
     EP: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # One token t a program (axis 0), BLOCK_N output columns (axis 1), on the CUDA cores, as
     # policy_runtime/moe/ops.py's simt_down_body on one-byte weights: each step loads a K chunk of
@@ -567,6 +580,7 @@ def fp8_simt_down_body(
     # weight (per tensor: times hs[0] * ws[e]) scales each slot's sums at the end, the k added in a
     # fixed order.  STAGES > 1 stages the loop's loads through shared memory (tl.range).  EP: slots
     # of another rank's expert (id -1) load nothing and add nothing.
+    chain_link(PDL)
     t = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = (offs_n % N).to(tl.int64)
@@ -704,11 +718,17 @@ def _quantize(
     static: Optional[torch.Tensor],
     amax: Optional[torch.Tensor],
     reset: Optional[torch.Tensor] = None,
+    chain: Optional[_launch.Chain] = None,
 ) -> torch.Tensor:
     """x (M, K) into q in e4m3: per tensor by ``static`` or by the amax (dynamic; ``amax`` the one
     already gathered, else gathered here), or per row and 128-group; returns the scales as the GEMMs
     read them ((1,) or (M, K / 128)).  ``reset``: a one-element fp32 tensor the launch zeroes (the
-    intermediate's amax, which the up GEMM gathers by atomics after it)."""
+    intermediate's amax, which the up GEMM gathers by atomics after it).  ``chain``: the launches
+    are links of a caller's chain of dependent launches."""
+
+    def link() -> dict:
+        return {} if chain is None else chain.link()
+
     M, K = x.shape
     grid = (_launch.cdiv(M, _Q_ROWS), _launch.cdiv(K, SCALE_BLOCK))
     amax_n = 1
@@ -725,7 +745,7 @@ def _quantize(
             amax = step(torch.empty, amax_n, dtype=torch.float32, device=x.device)
             _launch.launch_kernel(
                 _fp8_amax, (amax_n,), x, amax, M, K, x.stride(0), x.stride(1), ROWS=_AMAX_ROWS, BLOCK=_AMAX_BLOCK,
-                num_warps=8,
+                **link(), num_warps=8,
             )  # fmt: skip
         amax_arg = amax
     s_strides = scale.stride() if scale.dim() == 2 else (0, 0)
@@ -733,7 +753,7 @@ def _quantize(
         _fp8_quant, grid,
         x, q, scale, amax_arg, amax_n, scale if reset is None else reset, int(reset is not None), M, K,
         x.stride(0), x.stride(1), q.stride(0), q.stride(1), *s_strides, MODE=mode, ROWS=_Q_ROWS,
-        BLOCK=SCALE_BLOCK, AMAX_PARTS=AMAX_PARTS, num_warps=4,
+        BLOCK=SCALE_BLOCK, AMAX_PARTS=AMAX_PARTS, **link(), num_warps=4,
     )  # fmt: skip
     return scale
 
@@ -769,6 +789,16 @@ class Fp8Variant(KernelPair):
         k = numel // T
         dev = x.device
         compiling = _launch.compiling()
+        # Every launch of the call, the quantizations, the alignment and the reduce included, is a
+        # link of one chain of programmatic dependent launches where the device has them (Hopper
+        # and later): each is scheduled while the one before runs, and waits on the device for it,
+        # but the grouped GEMMs, launched plainly (still letting the next launch start early).  On
+        # the H200 (bench/results/h200_moe_fp8_chain_parts.log: CUDA graphs, plain launches' time
+        # over the chain's) the chain with them dependent read 0.94-0.99 on four of five grouped
+        # cases and with them plain 1.01-1.08 (dsv3 one token 0.978 -> 1.035, qwen3_30b two tokens
+        # 0.985 -> 1.076, mixtral four 0.941 -> 1.010; qwen3_30b 16 tokens 1.039 -> 1.026); the
+        # simt GEMMs gain as links (qwen3_30b one token 1.087).
+        chain = _launch.Chain(x)
         # Torch ops between the launches go through ``step``: a call cache's plan replays them.
         x_q = step(torch.empty, (T, H), dtype=FP8, device=dev)
         # The intermediate: quantized by the up GEMM's epilogue (static scale), else stored in x's
@@ -777,7 +807,7 @@ class Fp8Variant(KernelPair):
         amax = None
         if scales.scaling == TENSOR and scales.a2 is None:
             amax = step(torch.empty, 1, dtype=torch.float32, device=dev)
-        x_s = _quantize(x, x_q, scales.scaling, scales.a1, None, reset=amax)
+        x_s = _quantize(x, x_q, scales.scaling, scales.a1, None, reset=amax, chain=chain)
         simt = self.kind == "simt"
         # Rows of other ranks' experts are never written by the grouped up GEMM; where a pass
         # quantizes every row after it, they start at zero (never read either way).
@@ -801,28 +831,30 @@ class Fp8Variant(KernelPair):
             if out_mode == OUT_STATIC:
                 return h, scales.a2  # type: ignore[return-value]
             h_q = step(torch.empty, (numel, inter), dtype=FP8, device=dev)
-            return h_q, _quantize(h, h_q, scales.scaling, None, amax)
+            return h_q, _quantize(h, h_q, scales.scaling, None, amax, chain=chain)
 
         if simt:
             _launch.launch_kernel(
                 self.up, (numel, _launch.cdiv(inter, self.block_n)),
                 x_q, x_s, w1, scales.w1, h, hs_arg, amax_arg, ids, inter, H, k, *x_q.stride(), *x_ss,
-                *w1.stride(), *scales.w1_strides, *h.stride(), *up_tail, EP=ep, **opts,
+                *w1.stride(), *scales.w1_strides, *h.stride(), *up_tail, EP=ep, **chain.link(), **opts,
             )  # fmt: skip
             h_q, h_s = intermediate()
             h_ss = h_s.stride() if h_s.dim() == 2 else (0, 0)
             _launch.launch_kernel(
                 self.down, (T, _launch.cdiv(H, self.down_block_n)),
                 h_q, h_s, w2, scales.w2, out, weights, ids, H, inter, k, *h_q.stride(), *h_ss, *w2.stride(),
-                *scales.w2_strides, *out.stride(), scales.scaling, KB=_launch.pow2ceil(k), EP=ep, **down_opts,
+                *scales.w2_strides, *out.stride(), scales.scaling, KB=_launch.pow2ceil(k), EP=ep, **chain.link(),
+                **down_opts,
             )  # fmt: skip
             return
-        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts)
+        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts, chain=chain)
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
         _launch.launch_kernel(
             self.up, (blocks * _launch.cdiv(inter, self.block_n),),
             x_q, x_s, w1, scales.w1, h, hs_arg, amax_arg, sorted_ids, expert_ids, post_pad, numel, blocks,
-            inter, H, k, *x_q.stride(), *x_ss, *w1.stride(), *scales.w1_strides, *h.stride(), *up_tail, **opts,
+            inter, H, k, *x_q.stride(), *x_ss, *w1.stride(), *scales.w1_strides, *h.stride(), *up_tail,
+            **chain.link(dependent=False), **opts,
         )  # fmt: skip
         h_q, h_s = intermediate()
         h_ss = h_s.stride() if h_s.dim() == 2 else (0, 0)
@@ -838,8 +870,10 @@ class Fp8Variant(KernelPair):
             else:
                 acc = step(torch.zeros, (T, H), dtype=torch.float32, device=dev)
             _launch.launch_kernel(
-                self.down, grid, *down_head, acc, weights, *down_mid, *acc.stride(), *down_tail, **down_opts
-            )
+                self.down, grid, *down_head, acc, weights, *down_mid, *acc.stride(), *down_tail,
+                **chain.link(dependent=False),
+                **down_opts,
+            )  # fmt: skip
             if acc is not out and not compiling:
                 step(torch.Tensor.copy_, out, acc)
             return
@@ -852,15 +886,17 @@ class Fp8Variant(KernelPair):
             rows_dtype = x.dtype if split == 1 else torch.float32
             rows = step(torch.zeros if ep else torch.empty, (numel * split, H), dtype=rows_dtype, device=dev)
         _launch.launch_kernel(
-            self.down, grid, *down_head, rows, weights, *down_mid, *rows.stride(), *down_tail, **down_opts
-        )
+            self.down, grid, *down_head, rows, weights, *down_mid, *rows.stride(), *down_tail,
+            **chain.link(dependent=False),
+            **down_opts,
+        )  # fmt: skip
         if rows is not out:
             block_n = min(SUM_BLOCK, _launch.pow2ceil(H))
             block_t = SUM_BLOCK // block_n
             _launch.launch_kernel(
                 sum_rows, (_launch.cdiv(T, block_t), _launch.cdiv(H, block_n)),
                 rows, out, T, H, k * split, rows.stride(0), out.stride(0), out.stride(1),
-                BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
+                BLOCK_T=block_t, BLOCK_N=block_n, **chain.link(), num_warps=4,
             )  # fmt: skip
 
 

@@ -402,11 +402,22 @@ def simt_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, str
 # Kernels launched as they are: the reduce of unfused weighted rows, alignment, routing.
 
 
+@triton.jit
+def chain_link(PDL: tl.constexpr):
+    # The top of a kernel launched as a link of launch.Chain (PDL): wait on the device until
+    # the launch before has finished and its writes are visible, then let the next launch start.
+    # Nothing is read or written before.  PDL False: nothing.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 @triton.jit(do_not_specialize=["T"])
 def sum_rows(rows_ptr, out_ptr, T, N, top_k, stride_rm, stride_om, stride_on, BLOCK_T: tl.constexpr,
-              BLOCK_N: tl.constexpr):
+              BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
     # out[t] = sum over j < k of rows[t * k + j], in slot order, fp32; BLOCK_T tokens and BLOCK_N
-    # columns a program: grid = (T tiles, N tiles).
+    # columns a program: grid = (T tiles, N tiles).  PDL: a link of a launch.Chain.
+    chain_link(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (t < T)[:, None] & (offs < N)[None, :]
@@ -420,9 +431,12 @@ def sum_rows(rows_ptr, out_ptr, T, N, top_k, stride_rm, stride_om, stride_on, BL
 
 
 @triton.jit(do_not_specialize=["numel"])
-def _align_count(ids_ptr, counts_ptr, numel, num_experts, SEGMENT: tl.constexpr, BLOCK: tl.constexpr):
+def _align_count(ids_ptr, counts_ptr, numel, num_experts, SEGMENT: tl.constexpr, BLOCK: tl.constexpr,
+                 PDL: tl.constexpr = False):
     # counts[s, e] = how many of segment s's flat ids (SEGMENT of them) are e: grid (experts,
-    # segments), each program scanning its segment BLOCK ids at a time.
+    # segments), each program scanning its segment BLOCK ids at a time.  PDL (the three alignment
+    # kernels): a link of a launch.Chain.
+    chain_link(PDL)
     e = tl.program_id(0)
     s = tl.program_id(1)
     hits = tl.zeros((BLOCK,), dtype=tl.int32)
@@ -436,11 +450,12 @@ def _align_count(ids_ptr, counts_ptr, numel, num_experts, SEGMENT: tl.constexpr,
 
 @triton.jit(do_not_specialize=["segments"])
 def _align_offsets(counts_ptr, post_pad_ptr, num_experts, block_size, segments, E_BLOCK: tl.constexpr,
-                   S_BLOCK: tl.constexpr):
+                   S_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     # One program: the counts [segments, experts] become where each segment's rows of each expert
     # go.  Expert e's padded range starts after the padded counts of the experts before it (each
     # summed over the segments); segment s's rows of e follow those of the segments before s.
     # Row ``segments`` gets each expert's start, the row after its count; post_pad the padded total.
+    chain_link(PDL)
     ex = tl.arange(0, E_BLOCK)
     experts = ex < num_experts
     totals = tl.zeros((E_BLOCK,), dtype=tl.int32)
@@ -465,11 +480,13 @@ def _align_offsets(counts_ptr, post_pad_ptr, num_experts, block_size, segments, 
 
 @triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks", "segments"])
 def _align_scatter(ids_ptr, offsets_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts,
-                   block_size, max_padded, max_blocks, segments, SEGMENT: tl.constexpr, BLOCK: tl.constexpr):
+                   block_size, max_padded, max_blocks, segments, SEGMENT: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
     # Grid (experts, segments): segment s's ids of expert e go, in order, from where
     # _align_offsets put them (a running prefix sum over the segment's ids).  Each expert's
     # segment-0 program then stores its padding (numel) and its blocks' expert id, and fills 1/E
     # of the tail past the padded total (numel in sorted ids, 0 in expert ids).
+    chain_link(PDL)
     e = tl.program_id(0)
     s = tl.program_id(1)
     lanes = tl.arange(0, BLOCK)
@@ -861,9 +878,10 @@ def check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_exp
 # Alignment and routing (no policy: one launch shape for every target).
 
 
-def align(ids: torch.Tensor, block_size: int, num_experts: int,
-          named: Optional[list] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # Checked, flat, contiguous ids.  ``named`` (a list) gets the counts and expert ids.
+def align(ids: torch.Tensor, block_size: int, num_experts: int, named: Optional[list] = None,
+          chain: Optional[_launch.Chain] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Checked, flat, contiguous ids.  ``named`` (a list) gets the counts and expert ids; ``chain``
+    # links the three launches into a caller's chain of dependent launches.
     numel = ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
     max_blocks = _launch.cdiv(max_padded, block_size)
@@ -871,18 +889,23 @@ def align(ids: torch.Tensor, block_size: int, num_experts: int,
     sizes = align_sizes(max_padded, max_blocks, num_experts, segments)
     sorted_ids, expert_ids, post_pad, counts = step(_align_buffers, ids, sizes)
     grid = (num_experts, segments)
+
+    def link() -> dict:
+        return {} if chain is None else chain.link()
+
     _launch.launch_kernel(
-        _align_count, grid, ids, counts, numel, num_experts, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK, num_warps=4
+        _align_count, grid, ids, counts, numel, num_experts, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK,
+        **link(), num_warps=4,
     )  # fmt: skip
     e_block = _launch.pow2ceil(num_experts)
     _launch.launch_kernel(
         _align_offsets, (1,), counts, post_pad, num_experts, block_size, segments,
-        E_BLOCK=e_block, S_BLOCK=max(1, _ALIGN_TILE // e_block), num_warps=4,
+        E_BLOCK=e_block, S_BLOCK=max(1, _ALIGN_TILE // e_block), **link(), num_warps=4,
     )  # fmt: skip
     _launch.launch_kernel(
         _align_scatter, grid,
         ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
-        segments, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK, num_warps=4,
+        segments, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK, **link(), num_warps=4,
     )  # fmt: skip
     if named is not None:
         named += [counts, expert_ids]
