@@ -4,10 +4,9 @@ later, what decode_attention does there) or as a plain launch, A/B in one proces
 
     python3 bench/decode_pdl.py        # on an NVIDIA GPU of compute capability 9.0 or later (~20 s)
 
-Each case (bf16, block size 16, target h200's policy) runs 3 rounds of both modes in turn; each
-mode clears the call caches, checks that both give the same output, and is timed eager and
-replayed from a CUDA graph (policy_runtime/timing.py's gpu_ms); medians of the rounds, in µs.
-"Off" replaces policy_runtime.launch.programmatic with a function that answers False.
+Each case (bf16, block size 16, target h200's policy) runs 3 rounds of both modes in turn
+(bench/pdl_ab.py: each mode clears the call caches, both must give the same output, each is timed
+eager and replayed from a CUDA graph); medians of the rounds, in µs.
 """
 
 from __future__ import annotations
@@ -25,14 +24,11 @@ if not torch.cuda.is_available() or torch.version.hip is not None or torch.cuda.
           file=sys.stderr)  # fmt: skip
     sys.exit(2)
 
+from bench.pdl_ab import ab  # noqa: E402
 from generated import attention as at  # noqa: E402
-from policy_runtime import call_cache  # noqa: E402
-from policy_runtime import launch as _launch  # noqa: E402
 from policy_runtime.report import quiet_on_closed_pipe  # noqa: E402
-from policy_runtime.timing import captured, gpu_ms  # noqa: E402
 
 BS = 16
-real = _launch.programmatic
 
 
 def case(D, H, Hkv, batch, ctx, window):
@@ -48,21 +44,7 @@ def case(D, H, Hkv, batch, ctx, window):
     def fn():
         at.decode_attention(q, kc, vc, table, lens, out=out, hw="h200", **kw)
 
-    res, outs = {}, {}
-    for _ in range(3):
-        for mode in ("off", "pdl"):
-            _launch.programmatic = real if mode == "pdl" else (lambda t: False)
-            call_cache.clear_all()
-            fn()
-            torch.cuda.synchronize()
-            outs[mode] = out.clone()
-            e = gpu_ms(fn, reps=60)
-            g = gpu_ms(captured(fn)[0].replay, reps=60)
-            res.setdefault(mode, []).append((e, g))
-    _launch.programmatic = real
-    call_cache.clear_all()
-    same = torch.equal(outs["off"], outs["pdl"])
-    med = {m: [statistics.median(x[i] for x in v) * 1e3 for i in (0, 1)] for m, v in res.items()}
+    med, same = ab(fn, out, rounds=3, reps=60)
     print(f"d={D} {H}/{Hkv} b{batch} ctx{ctx} win{window}: off eager {med['off'][0]:7.1f} graph {med['off'][1]:7.1f} | "
           f"pdl eager {med['pdl'][0]:7.1f} graph {med['pdl'][1]:7.1f} | same {same}", flush=True)  # fmt: skip
 
