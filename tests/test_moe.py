@@ -243,7 +243,7 @@ def test_chained_buckets_launch_dependently_only_where_the_device_can(monkeypatc
     """h200's decode bucket is chained: on a device with programmatic dependent launch the router
     lets its dependants start, and the up and down GEMMs are launched as dependants that wait on
     the device; where it has none (the interpreter, ROCm, before 9.0) the same kernels launch
-    plainly.  An unchained bucket (the BI-V100's) never asks for it."""
+    plainly.  An unchained bucket's GEMMs (the BI-V100's grouped ones) are never dependants."""
     from policy_runtime import launch
 
     v = M.select(1, I, dtype=torch.float16, hw="h200").variant
@@ -253,7 +253,32 @@ def test_chained_buckets_launch_dependently_only_where_the_device_can(monkeypatc
     assert _launches(1, "h200") == [("_topk_softmax_kernel", False, False), (up, False, False), (down, False, False)]
     monkeypatch.setattr(launch, "programmatic", lambda t: True)
     assert _launches(1, "h200") == [("_topk_softmax_kernel", True, False), (up, True, True), (down, True, True)]
-    assert all(not pdl for name, _, pdl in _launches(1, "bi_v100"))
+    assert all(not pdl for name, _, pdl in _launches(1, "bi_v100") if name.startswith("_moe_"))
+
+
+@pytest.mark.parametrize("hw", ["h200", "bi_v100"])
+def test_grouped_calls_chain_the_alignment_and_the_reduce(hw, monkeypatch):
+    """A grouped bucket's call on a device with programmatic dependent launch: the alignment's
+    three launches and the reduce are links of one chain (the first a plain launch), the GEMMs
+    plain launches that release the next one early (as fused_moe_fp8's); without it every launch
+    is plain, PDL off.  The alignment entry point chains its three launches the same way."""
+    from policy_runtime import launch
+
+    T = 33
+    assert M.select(T, I, dtype=torch.float16, hw=hw).variant.kind == "grouped"
+    monkeypatch.setattr(launch, "programmatic", lambda t: True)
+    links = _launches(T, hw)[1:]  # after the router
+    names = [name for name, _, _ in links]
+    assert names[:3] == ["_align_count", "_align_offsets", "_align_scatter"] and names[-1] == "sum_rows"
+    assert [name.startswith("_moe_") for name in names] == [False] * 3 + [True] * 2 + [False], names
+    expect = [(True, False), (True, True), (True, True), (True, False), (True, False), (True, True)]
+    assert [link[1:] for link in links] == expect
+    seen = []
+    with launch.compile_only(lambda kernel, grid, args, kwargs: seen.append(kwargs)):
+        M.moe_align_block_size(torch.randint(0, 8, (T, 4), dtype=torch.int32, device=DEVICE), 16, 8)
+    assert [(kw["PDL"], kw.get("launch_pdl", False)) for kw in seen] == expect[:3]
+    monkeypatch.setattr(launch, "programmatic", lambda t: False)
+    assert all(link[1:] == (False, False) for link in _launches(T, hw))
 
 
 def test_programmatic_launch_is_asked_only_of_nvidia_devices_from_9_0(monkeypatch):
@@ -304,6 +329,51 @@ def test_chained_decode_replays_from_a_cuda_graph():
         torch.cuda.synchronize()
         weights, ids = M.topk_softmax(logits, 8, True)
         check(out, reference(x, w1, w2, weights, ids), torch.bfloat16, "graph replay")
+
+
+@pytest.mark.skipif(not GPU, reason="programmatic dependent launch and CUDA graphs only on a GPU")
+def test_grouped_chain_gives_plain_launches_results_eagerly_and_in_a_graph(monkeypatch):
+    """The grouped buckets' calls with the alignment and the reduce chained (Hopper and later)
+    against plain launches: the same output, eager and replayed from a CUDA graph on new
+    routing, three calls back to back (bit for bit where the down GEMM writes rows; within a
+    rounding where its sum is fp32 atomics, whose order varies).  moe_align_block_size the same."""
+    from policy_runtime import call_cache
+    from policy_runtime import launch
+    from policy_runtime.timing import captured
+
+    if not launch.programmatic(torch.zeros(1, device=DEVICE)):
+        pytest.skip("the device has no programmatic dependent launch (NVIDIA 9.0 and later)")
+    real = launch.programmatic
+    for T in (3, 33, 300, 2048):
+        bucket = M.select(T, I, dtype=torch.bfloat16, hw="h200")
+        if bucket.variant.kind != "grouped":
+            continue
+        x, w1, w2, _, _ = layer(T, 4, 16, torch.bfloat16)
+        routes = [routing(T, 16, 4) for _ in range(3)]
+        routes = [(w.to(DEVICE), i.to(DEVICE)) for w, i in routes]
+        outs = {}
+        for mode in ("plain", "chain"):
+            monkeypatch.setattr(launch, "programmatic", real if mode == "chain" else (lambda t: False))
+            call_cache.clear_all()
+            got = [M.fused_moe(x, w1, w2, w, i, hw="h200") for w, i in routes]
+            got += [M.moe_align_block_size(i, 16, 16)[0] for _, i in routes]
+            weights, ids = routes[0][0].clone(), routes[0][1].clone()
+            graph, out = captured(lambda: M.fused_moe(x, w1, w2, weights, ids, hw="h200"))
+            for w, i in routes[1:]:
+                weights.copy_(w)
+                ids.copy_(i)
+                graph.replay()
+                got.append(out.clone())
+            torch.cuda.synchronize()
+            outs[mode] = got
+        same = torch.equal if not bucket.variant.fuse_sum else (
+            lambda a, b: torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3))
+        for n, (a, b) in enumerate(zip(outs["plain"], outs["chain"])):
+            assert (torch.equal if 3 <= n < 6 else same)(a, b), (T, bucket.name, n)
+        for n in (1, 2):  # each replay is the eager call on its routing
+            assert same(outs["chain"][n], outs["chain"][n + 5]), (T, bucket.name, n)
+    monkeypatch.setattr(launch, "programmatic", real)
+    call_cache.clear_all()
 
 
 # ---------------------------------------------------------------------------------------

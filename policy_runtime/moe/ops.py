@@ -81,15 +81,27 @@ def act_and_mul(gate, up, ACT: tl.constexpr):
 
 
 @triton.jit
+def chain_link(PDL: tl.constexpr):
+    # The top of a kernel launched as a link of launch.Chain (PDL): wait on the device until
+    # the launch before has finished and its writes are visible, then let the next launch start.
+    # Nothing is read or written before.  PDL False: nothing.
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
 def grouped_up_body(x_ptr, w_ptr, h_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_m_blocks,
                 N, K, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_hm,
                 stride_hn, ACT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                DOT_PREC: tl.constexpr):
+                DOT_PREC: tl.constexpr, PDL: tl.constexpr = False):
     # h[row] = act(x[row // k] @ w[e, :N].T) * (x[row // k] @ w[e, N:].T) for the flat rows of
     # one aligned block (one expert e), BLOCK_N columns of each half.  grid = (blocks * N tiles,).
     # Grouped order: GROUP_M row blocks walked column by column, so consecutive programs share an
-    # expert's columns in L2 (a large call gives one expert several consecutive blocks).
+    # expert's columns in L2 (a large call gives one expert several consecutive blocks).  PDL: a
+    # link of the call's launch.Chain (as the alignment and the reduce).
+    chain_link(PDL)
     group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
     first_m = (tl.program_id(0) // group) * GROUP_M
     group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
@@ -136,11 +148,13 @@ def grouped_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, sorted_ptr, experts_pt
                   num_m_blocks, N, K, top_k, stride_hm, stride_hk, stride_we, stride_wn, stride_wk,
                   stride_om, stride_on, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  DOT_PREC: tl.constexpr, FUSE_SUM: tl.constexpr):
+                  DOT_PREC: tl.constexpr, FUSE_SUM: tl.constexpr, PDL: tl.constexpr = False):
     # weights[row] * (h[row] @ w[e].T) for the flat rows of one aligned block, BLOCK_N columns:
     # FUSE_SUM adds it into out[row // k] (fp32, atomically), else writes out[row].
     # Grouped order: GROUP_M row blocks walked column by column, so consecutive programs share an
-    # expert's columns in L2 (a large call gives one expert several consecutive blocks).
+    # expert's columns in L2 (a large call gives one expert several consecutive blocks).  PDL: a
+    # link of the call's launch.Chain.
+    chain_link(PDL)
     group = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
     first_m = (tl.program_id(0) // group) * GROUP_M
     group_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
@@ -400,16 +414,6 @@ def simt_down_body(h_ptr, w_ptr, out_ptr, weights_ptr, ids_ptr, N, K, top_k, str
 
 # ---------------------------------------------------------------------------------------
 # Kernels launched as they are: the reduce of unfused weighted rows, alignment, routing.
-
-
-@triton.jit
-def chain_link(PDL: tl.constexpr):
-    # The top of a kernel launched as a link of launch.Chain (PDL): wait on the device until
-    # the launch before has finished and its writes are visible, then let the next launch start.
-    # Nothing is read or written before.  PDL False: nothing.
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -720,14 +724,19 @@ class Variant(KernelPair):
                 **down_last, **chain, **down_opts,
             )  # fmt: skip
             return
-        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts)
+        # The alignment, the GEMMs and the reduce are links of one chain of programmatic dependent
+        # launches where the device has them (Hopper and later), the GEMMs launched plainly (as
+        # fused_moe_fp8's: policy_runtime/moe/fp8.py's Fp8Variant.run says why).
+        chain = _launch.Chain(x)
+        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts, chain=chain)
         # Row blocks that can hold rows: each expert's full blocks, plus one partial block for
         # each expert that has any.  Past it (and past post_pad) nothing is launched or done.
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
         _launch.launch_kernel(
             self.up, (blocks * _launch.cdiv(inter, self.block_n),),
             x, w1, h, sorted_ids, expert_ids, post_pad, numel, blocks, inter, H, k,
-            x.stride(0), x.stride(1), *w1.stride(), *h.stride(), act, H % self.block_k == 0, **opts,
+            x.stride(0), x.stride(1), *w1.stride(), *h.stride(), act, H % self.block_k == 0,
+            **chain.link(dependent=False), **opts,
         )  # fmt: skip
         grid = (blocks * _launch.cdiv(H, self.down_block_n),)
         if self.fuse_sum:
@@ -740,7 +749,8 @@ class Variant(KernelPair):
             _launch.launch_kernel(
                 self.down, grid,
                 h, w2, acc, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
-                *h.stride(), *w2.stride(), *acc.stride(), inter % self.down_block_k == 0, **down_opts,
+                *h.stride(), *w2.stride(), *acc.stride(), inter % self.down_block_k == 0,
+                **chain.link(dependent=False), **down_opts,
             )  # fmt: skip
             if acc is not out and not compiling:
                 step(torch.Tensor.copy_, out, acc)
@@ -754,7 +764,8 @@ class Variant(KernelPair):
         _launch.launch_kernel(
             self.down, grid,
             h, w2, rows, weights, sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k,
-            *h.stride(), *w2.stride(), *rows.stride(), inter % self.down_block_k == 0, **down_opts,
+            *h.stride(), *w2.stride(), *rows.stride(), inter % self.down_block_k == 0,
+            **chain.link(dependent=False), **down_opts,
         )  # fmt: skip
         if k > 1:
             block_n = min(SUM_BLOCK, _launch.pow2ceil(H))
@@ -762,7 +773,7 @@ class Variant(KernelPair):
             _launch.launch_kernel(
                 sum_rows, (_launch.cdiv(T, block_t), _launch.cdiv(H, block_n)),
                 rows, out, T, H, k, rows.stride(0), out.stride(0), out.stride(1),
-                BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
+                BLOCK_T=block_t, BLOCK_N=block_n, **chain.link(), num_warps=4,
             )  # fmt: skip
 
 
@@ -985,7 +996,8 @@ def _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map, named
     _launch.check_runnable(op, "topk_ids", topk_ids)
     with _launch.on_device(topk_ids):
         ids = topk_ids.reshape(-1).contiguous()
-        sorted_ids, expert_ids, post_pad = align(ids, block_size_m, num_experts, named)
+        # The three launches one dependent chain on Hopper and later (the first a plain launch).
+        sorted_ids, expert_ids, post_pad = align(ids, block_size_m, num_experts, named, chain=_launch.Chain(ids))
         if named is not None:
             named.insert(0, ids)
         if expert_map is not None:
