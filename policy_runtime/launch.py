@@ -104,25 +104,25 @@ def programmatic(t: torch.Tensor) -> bool:
 
 class Chain:
     """The launches of one call as a chain of programmatic dependent launches, where ``t``'s device
-    has them.  ``link()`` gives the next launch's keyword arguments: constexpr ``PDL`` (the kernel
-    calls ``gdc_wait()`` then ``gdc_launch_dependents()`` before it reads or writes anything: the
-    next launch may start as soon as this one has), and for every launch but the first
-    ``launch_pdl``: its programs are scheduled while the launch before runs and wait on the device
-    for it.  ``link(dependent=False)``: launched plainly (after everything before it on the
-    stream; its wait a no-op) but still letting the next one start early.  The results are those
-    of plain launches in stream order.  Without PDL every link is ``PDL=False``."""
+    has them.  ``link()`` gives a launch's keyword arguments: constexpr ``PDL`` (the kernel calls
+    ``gdc_wait()`` then ``gdc_launch_dependents()`` before it reads or writes anything, so the next
+    launch may start as soon as this one has) and ``launch_pdl``: its programs are scheduled while
+    the kernel before it on the stream runs (the call's previous link, or for the first link
+    whatever came before the call: a router that releases its dependants early, such as
+    topk_softmax's on these devices, or any kernel, which then simply finishes first) and wait on
+    the device for it.  ``link(dependent=False)``: launched plainly (after everything before it on
+    the stream; its wait a no-op), still letting the next one start early.  The results are those of
+    plain launches in stream order.  Without PDL every link is ``PDL=False``."""
 
-    __slots__ = ("on", "started")
+    __slots__ = ("on",)
 
     def __init__(self, t: torch.Tensor):
         self.on = programmatic(t)
-        self.started = False
 
     def link(self, dependent: bool = True) -> dict[str, bool]:
         if not self.on:
             return {"PDL": False}
-        if not self.started or not dependent:
-            self.started = True
+        if not dependent:
             return {"PDL": True}
         return {"PDL": True, "launch_pdl": True}
 

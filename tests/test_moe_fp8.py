@@ -480,7 +480,8 @@ def _fp8_launches(T, scaling):
 def test_every_launch_of_a_call_is_a_link_of_one_dependent_chain(T, scaling, monkeypatch):
     """Where the device has programmatic dependent launch, every launch of a call (quantizations,
     alignment, GEMMs, reduce) is a link of one chain: each lets the next start (PDL); all but the
-    first and the grouped GEMMs are launched dependent (launch_pdl), waiting on the device.
+    grouped GEMMs are launched dependent (launch_pdl), waiting on the device, the first on whatever
+    came before the call (a router that releases its dependants early).
     Without it (the interpreter, ROCm, before 9.0) the same kernels launch plainly, PDL off."""
     from policy_runtime import launch
 
@@ -494,8 +495,7 @@ def test_every_launch_of_a_call_is_a_link_of_one_dependent_chain(T, scaling, mon
     assert len(names) >= (4 if T == 1 else 7) - (scaling == "tensor static") - (scaling == "block"), names
     assert names[0] in ("_fp8_amax", "_fp8_quant") and any(n.startswith("_align") for n in names) == (T > 1)
     assert all(pdl is False and not dependent for _, pdl, dependent in plain)
-    assert chained[0][1:] == (True, False)
     # The grouped GEMMs are launched plainly (they lose as dependants), still releasing the next.
     grouped = [link for link in chained if link[0].startswith("_moe_e4m3_grouped")]
     assert len(grouped) == (0 if T == 1 else 2) and all(link[1:] == (True, False) for link in grouped)
-    assert all(link[1:] == (True, True) for link in chained[1:] if link not in grouped), chained
+    assert all(link[1:] == (True, True) for link in chained if link not in grouped), chained

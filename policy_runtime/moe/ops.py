@@ -996,7 +996,7 @@ def _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map, named
     _launch.check_runnable(op, "topk_ids", topk_ids)
     with _launch.on_device(topk_ids):
         ids = topk_ids.reshape(-1).contiguous()
-        # The three launches one dependent chain on Hopper and later (the first a plain launch).
+        # The three launches one dependent chain on Hopper and later (launch.Chain).
         sorted_ids, expert_ids, post_pad = align(ids, block_size_m, num_experts, named, chain=_launch.Chain(ids))
         if named is not None:
             named.insert(0, ids)
