@@ -12,7 +12,6 @@ eager and replayed from a CUDA graph); medians of the rounds, in µs.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -848,7 +848,7 @@ class Fp8Variant(KernelPair):
                 **down_opts,
             )  # fmt: skip
             return
-        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts, chain=chain)
+        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts, chain)
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
         _launch.launch_kernel(
             self.up, (blocks * _launch.cdiv(inter, self.block_n),),

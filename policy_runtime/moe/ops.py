@@ -710,8 +710,7 @@ class Variant(KernelPair):
             chain: dict[str, Any] = {"EP": ep}
             down_last: dict[str, Any] = {"EVEN_K": inter % self.down_block_k == 0}
             if simt:
-                pdl = self.chained and _launch.programmatic(x)
-                chain = dict(PDL=pdl, EP=ep, **({"launch_pdl": True} if pdl else {}))
+                chain = dict(EP=ep, **(_launch.Chain(x).link() if self.chained else {"PDL": False}))
                 down_last = {"KB": _launch.pow2ceil(k)}
             _launch.launch_kernel(
                 self.up, (numel, _launch.cdiv(inter, self.block_n)),
@@ -728,7 +727,7 @@ class Variant(KernelPair):
         # launches where the device has them (Hopper and later), the GEMMs launched plainly (as
         # fused_moe_fp8's: policy_runtime/moe/fp8.py's Fp8Variant.run says why).
         chain = _launch.Chain(x)
-        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts, chain=chain)
+        sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts, chain)
         # Row blocks that can hold rows: each expert's full blocks, plus one partial block for
         # each expert that has any.  Past it (and past post_pad) nothing is launched or done.
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
@@ -889,10 +888,10 @@ def check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_exp
 # Alignment and routing (no policy: one launch shape for every target).
 
 
-def align(ids: torch.Tensor, block_size: int, num_experts: int, named: Optional[list] = None,
-          chain: Optional[_launch.Chain] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # Checked, flat, contiguous ids.  ``named`` (a list) gets the counts and expert ids; ``chain``
-    # links the three launches into a caller's chain of dependent launches.
+def align(ids: torch.Tensor, block_size: int, num_experts: int, chain: _launch.Chain,
+          named: Optional[list] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Checked, flat, contiguous ids; the three launches are links of the caller's ``chain``.
+    # ``named`` (a list) gets the counts and expert ids.
     numel = ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
     max_blocks = _launch.cdiv(max_padded, block_size)
@@ -900,23 +899,19 @@ def align(ids: torch.Tensor, block_size: int, num_experts: int, named: Optional[
     sizes = align_sizes(max_padded, max_blocks, num_experts, segments)
     sorted_ids, expert_ids, post_pad, counts = step(_align_buffers, ids, sizes)
     grid = (num_experts, segments)
-
-    def link() -> dict:
-        return {} if chain is None else chain.link()
-
     _launch.launch_kernel(
         _align_count, grid, ids, counts, numel, num_experts, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK,
-        **link(), num_warps=4,
+        **chain.link(), num_warps=4,
     )  # fmt: skip
     e_block = _launch.pow2ceil(num_experts)
     _launch.launch_kernel(
         _align_offsets, (1,), counts, post_pad, num_experts, block_size, segments,
-        E_BLOCK=e_block, S_BLOCK=max(1, _ALIGN_TILE // e_block), **link(), num_warps=4,
+        E_BLOCK=e_block, S_BLOCK=max(1, _ALIGN_TILE // e_block), **chain.link(), num_warps=4,
     )  # fmt: skip
     _launch.launch_kernel(
         _align_scatter, grid,
         ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
-        segments, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK, **link(), num_warps=4,
+        segments, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK, **chain.link(), num_warps=4,
     )  # fmt: skip
     if named is not None:
         named += [counts, expert_ids]
@@ -997,7 +992,7 @@ def _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map, named
     with _launch.on_device(topk_ids):
         ids = topk_ids.reshape(-1).contiguous()
         # The three launches one dependent chain on Hopper and later (launch.Chain).
-        sorted_ids, expert_ids, post_pad = align(ids, block_size_m, num_experts, named, chain=_launch.Chain(ids))
+        sorted_ids, expert_ids, post_pad = align(ids, block_size_m, num_experts, _launch.Chain(ids), named)
         if named is not None:
             named.insert(0, ids)
         if expert_map is not None:
