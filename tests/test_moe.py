@@ -194,9 +194,9 @@ def test_no_argument_that_varies_with_T_is_specialized_on():
                 assert set(_do_not_specialize(kernel)) == {"numel", "num_m_blocks"} <= set(params)
             else:
                 assert not {"T", "numel", "num_m_blocks"} & set(params)
-    assert set(_do_not_specialize(rt._align_count)) == {"numel"}
-    assert set(_do_not_specialize(rt._align_offsets)) == {"segments"}
-    assert set(_do_not_specialize(rt._align_scatter)) == {"numel", "max_padded", "max_blocks", "segments"}
+    assert set(_do_not_specialize(rt._align_count)) == {"numel", "sort"}
+    assert set(_do_not_specialize(rt._align_offsets)) == {"segments", "sort"}
+    assert set(_do_not_specialize(rt._align_scatter)) == {"numel", "max_padded", "max_blocks", "segments", "sort"}
     assert set(_do_not_specialize(rt._topk_softmax_kernel)) == {"T"}
 
 
@@ -594,12 +594,14 @@ def align_reference(ids, block, E):
         (1, 1, 8, 16, torch.int32),
         (3, 2, 5, 1, torch.int64),  # block 1: no padding; 5 experts: not a power of two
         (37, 8, 64, 16, torch.int32),  # most experts empty
-        (300, 8, 8, 64, torch.int64),  # 2400 ids: two segments, the second scanned in two blocks
+        (300, 8, 8, 64, torch.int64),  # 2400 ids: three segments, the last partial
         (13, 2, 40, 7, torch.int32),  # odd block, more experts than rows
         (50, 1, 4, 128, torch.int32),  # block larger than any expert's rows
     ],
 )
-def test_moe_align_block_size_matches_the_reference(T, k, E, block, dtype):
+@pytest.mark.parametrize("how", ["scan", "sort"])
+def test_moe_align_block_size_matches_the_reference(monkeypatch, T, k, E, block, dtype, how):
+    _align_by(monkeypatch, how)
     ids = torch.randint(0, E, (T, k), dtype=dtype)
     if E >= 8:
         ids[ids == 3] = 4  # expert 3 never routed to
@@ -619,12 +621,13 @@ def test_moe_align_block_size_matches_the_reference(T, k, E, block, dtype):
         (5, 1, 3, 4),  # one segment, fewer ids than a block
     ],
 )
-def test_moe_align_block_size_over_many_segments(monkeypatch, T, k, E, block):
+@pytest.mark.parametrize("how", ["scan", "sort"])
+def test_moe_align_block_size_over_many_segments(monkeypatch, T, k, E, block, how):
     """Short segments and prefix tiles (the constants are the kernels' constexprs), so that the
     ids of one expert span many segments and the prefix sums loop: segment s's rows of an expert
     follow those of the segments before it."""
-    monkeypatch.setattr(rt, "_ALIGN_SEGMENT", 64)
-    monkeypatch.setattr(rt, "_ALIGN_BLOCK", 32)
+    _align_by(monkeypatch, how)
+    monkeypatch.setattr(rt, "_ALIGN_BLOCK", 64)
     monkeypatch.setattr(rt, "_ALIGN_TILE", 16)
     ids = torch.randint(0, E, (T, k), dtype=torch.int32)
     sorted_ids, expert_ids, post_pad = M.moe_align_block_size(ids.to(DEVICE), block, E)
@@ -632,6 +635,28 @@ def test_moe_align_block_size_over_many_segments(monkeypatch, T, k, E, block):
     assert sorted_ids.cpu().tolist() == want_sorted
     assert expert_ids.cpu().tolist() == want_experts
     assert post_pad.cpu().tolist() == [total]
+
+
+def _align_by(monkeypatch, how):
+    # Both ways of aligning (rt._ALIGN_SORT_FROM: ids x experts from which a segment is sorted).
+    monkeypatch.setattr(rt, "_ALIGN_SORT_FROM", 0 if how == "sort" else 2**62)
+
+
+def test_moe_align_block_size_sorts_segments_from_the_crossover():
+    """The scan's grid is (experts, segments), the sort's one program a segment (then one an
+    expert, padding); the sort from rt._ALIGN_SORT_FROM ids x experts."""
+    from policy_runtime import launch
+
+    grids = {}
+    for T in (rt._ALIGN_SORT_FROM // (8 * 64) - 1, rt._ALIGN_SORT_FROM // (8 * 64)):
+        seen = []
+        with launch.compile_only(lambda kernel, grid, args, kwargs: seen.append((kernel.__name__, tuple(grid)))):
+            M.moe_align_block_size(torch.zeros(T, 8, dtype=torch.int32, device=DEVICE), 16, 64)
+        grids[T] = seen
+    (small, small_grids), (large, large_grids) = grids.items()
+    seg = [-(-small * 8 // rt._ALIGN_BLOCK), -(-large * 8 // rt._ALIGN_BLOCK)]
+    assert small_grids == [("_align_count", (64, seg[0])), ("_align_offsets", (1,)), ("_align_scatter", (64, seg[0]))]
+    assert large_grids == [("_align_count", (seg[1],)), ("_align_offsets", (1,)), ("_align_scatter", (seg[1] + 64,))]
 
 
 def test_moe_align_block_size_on_vllm_docstring_example():

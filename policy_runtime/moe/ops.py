@@ -36,12 +36,16 @@ ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Experts and top-k are held in one program's registers (padded to powers of two).
 _MAX_EXPERTS = 4096
-# The alignment kernels: flat ids a program scans (one expert's, of one segment; the segments
-# spread a long scan over more programs), ids it takes at a time, and the counts its prefix
-# sums load at a time (segments x experts).  Segments of 1024 ids were the fastest of 1024, 2048
-# and 4096 on 8 of 11 cases on the H200, 8 to 524,288 ids (bench/results/h200_moe_align_ab.log).
-_ALIGN_SEGMENT = 1024
+# The alignment kernels: the flat ids of a segment (a program's), and the counts the prefix sums
+# load at a time (segments x experts).  From _ALIGN_SORT_FROM ids x experts one program a segment
+# counts (a histogram) and sorts its ids by expert: each id read twice whatever the experts.
+# Below, one program an expert and segment scans the segment for that expert, which is quicker
+# while ids x experts is small (one sort of 1024 ids takes longer than a scan); the H200's
+# crossover was 2**21 (8,192 ids of 256 experts, 32,768 of 64;
+# bench/results/h200_moe_align_sort_ab.log).  Segments of 1024 ids were the fastest of 1024, 2048
+# and 4096 for the scan (bench/results/h200_moe_align_ab.log).
 _ALIGN_BLOCK = 1024
+_ALIGN_SORT_FROM = 2**21
 _ALIGN_TILE = 4096
 # Plans of the routers' and moe_align_block_size's calls by argument class (call_cache.py).
 _ROUTE_CALLS = CallCache("topk_softmax")
@@ -434,30 +438,47 @@ def sum_rows(rows_ptr, out_ptr, T, N, top_k, stride_rm, stride_om, stride_on, BL
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["numel"])
-def _align_count(ids_ptr, counts_ptr, numel, num_experts, SEGMENT: tl.constexpr, BLOCK: tl.constexpr,
+@triton.jit(do_not_specialize=["numel", "sort"])
+def _align_count(ids_ptr, counts_ptr, numel, num_experts, sort, BLOCK: tl.constexpr, BINS: tl.constexpr,
                  PDL: tl.constexpr = False):
-    # counts[s, e] = how many of segment s's flat ids (SEGMENT of them) are e: grid (experts,
-    # segments), each program scanning its segment BLOCK ids at a time.  PDL (the three alignment
-    # kernels): a link of a launch.Chain.
+    # counts[s, e] = how many of segment s's flat ids (BLOCK of them) are e.  ``sort`` (what
+    # align chose, as for _align_scatter): one program a segment, a histogram of BINS >
+    # num_experts bins; otherwise grid (experts, segments), each program counting one expert.
+    # Ids outside [0, num_experts) are counted nowhere.  PDL (the three alignment kernels): a
+    # link of a launch.Chain.
     chain_link(PDL)
-    e = tl.program_id(0)
-    s = tl.program_id(1)
-    hits = tl.zeros((BLOCK,), dtype=tl.int32)
-    end = tl.minimum(numel, (s + 1) * SEGMENT)
-    for start in range(s * SEGMENT, end, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + offs, mask=offs < end, other=-1)
-        hits += (ids == e).to(tl.int32)
-    tl.store(counts_ptr + s * num_experts + e, tl.sum(hits, axis=0))
+    if sort:
+        _align_histogram(ids_ptr, counts_ptr, numel, num_experts, tl.program_id(0), BLOCK, BINS)
+    else:
+        s = tl.program_id(1)
+        e = tl.program_id(0)
+        ids = _align_load(ids_ptr, s * BLOCK + tl.arange(0, BLOCK), numel, num_experts)
+        tl.store(counts_ptr + s * num_experts + e, tl.sum((ids == e).to(tl.int32), axis=0))
 
 
-@triton.jit(do_not_specialize=["segments"])
-def _align_offsets(counts_ptr, post_pad_ptr, num_experts, block_size, segments, E_BLOCK: tl.constexpr,
+@triton.jit
+def _align_histogram(ids_ptr, counts_ptr, numel, num_experts, s, BLOCK: tl.constexpr, BINS: tl.constexpr):
+    ids = _align_load(ids_ptr, s * BLOCK + tl.arange(0, BLOCK), numel, num_experts)
+    bins = tl.arange(0, BINS)
+    tl.store(counts_ptr + s * num_experts + bins, tl.histogram(ids, BINS), mask=bins < num_experts)
+
+
+@triton.jit
+def _align_load(ids_ptr, offs, numel, num_experts):
+    # Flat ids offs as int32, num_experts past the end and for any id outside [0, num_experts).
+    ids = tl.load(ids_ptr + offs, mask=offs < numel, other=num_experts).to(tl.int32)
+    return tl.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+
+
+@triton.jit(do_not_specialize=["segments", "sort"])
+def _align_offsets(counts_ptr, post_pad_ptr, num_experts, block_size, segments, sort, E_BLOCK: tl.constexpr,
                    S_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     # One program: the counts [segments, experts] become where each segment's rows of each expert
     # go.  Expert e's padded range starts after the padded counts of the experts before it (each
     # summed over the segments); segment s's rows of e follow those of the segments before s.
+    # Where _align_scatter sorts a segment's ids by expert (``sort``), what is stored is that
+    # start less the segment's ids of the experts before e (where e's first id lands in the sorted
+    # segment).
     # Row ``segments`` gets each expert's start, the row after its count; post_pad the padded total.
     chain_link(PDL)
     ex = tl.arange(0, E_BLOCK)
@@ -475,54 +496,86 @@ def _align_offsets(counts_ptr, post_pad_ptr, num_experts, block_size, segments, 
         ptrs = counts_ptr + seg[:, None] * num_experts + ex[None, :]
         mask = (seg < segments)[:, None] & experts[None, :]
         tile = tl.load(ptrs, mask=mask, other=0)
-        tl.store(ptrs, run[None, :] + tl.cumsum(tile, axis=0) - tile, mask=mask)
+        before = (tl.cumsum(tile, axis=1) - tile) * sort  # the segment's ids of lower experts
+        tl.store(ptrs, run[None, :] + tl.cumsum(tile, axis=0) - tile - before, mask=mask)
         run += tl.sum(tile, axis=0)
     tl.store(counts_ptr + segments * num_experts + ex, start, mask=experts)
     tl.store(counts_ptr + (segments + 1) * num_experts + ex, totals, mask=experts)
     tl.store(post_pad_ptr, tl.sum(padded, axis=0))
 
 
-@triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks", "segments"])
+@triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks", "segments", "sort"])
 def _align_scatter(ids_ptr, offsets_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts,
-                   block_size, max_padded, max_blocks, segments, SEGMENT: tl.constexpr, BLOCK: tl.constexpr,
+                   block_size, max_padded, max_blocks, segments, sort, BLOCK: tl.constexpr,
                    PDL: tl.constexpr = False):
-    # Grid (experts, segments): segment s's ids of expert e go, in order, from where
-    # _align_offsets put them (a running prefix sum over the segment's ids).  Each expert's
-    # segment-0 program then stores its padding (numel) and its blocks' expert id, and fills 1/E
-    # of the tail past the padded total (numel in sorted ids, 0 in expert ids).
+    # Each segment's ids of each expert go, in order, from where _align_offsets put them, then
+    # each expert's padding rows.  ``sort``: grid (segments + experts), program s < segments
+    # sorting its segment's ids by (expert, position), program segments + e padding expert e.
+    # Otherwise grid (experts, segments): program (e, s) takes segment s's ids of expert e (a
+    # running prefix sum), and (e, 0) pads e.
     chain_link(PDL)
-    e = tl.program_id(0)
-    s = tl.program_id(1)
+    if sort:
+        p = tl.program_id(0)
+        if p < segments:
+            _align_sort_segment(ids_ptr, offsets_ptr, sorted_ptr, numel, num_experts, p, BLOCK)
+        else:
+            _align_pad_expert(offsets_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts,
+                              block_size, max_padded, max_blocks, segments, p - segments, BLOCK)
+    else:
+        _align_scan_segment(ids_ptr, offsets_ptr, sorted_ptr, numel, num_experts, tl.program_id(0),
+                            tl.program_id(1), BLOCK)
+        if tl.program_id(1) == 0:
+            _align_pad_expert(offsets_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts,
+                              block_size, max_padded, max_blocks, segments, tl.program_id(0), BLOCK)
+
+
+@triton.jit
+def _align_scan_segment(ids_ptr, offsets_ptr, sorted_ptr, numel, num_experts, e, s, BLOCK: tl.constexpr):
+    # Segment s's ids of expert e, in order, from its offset on.
+    offs = s * BLOCK + tl.arange(0, BLOCK)
+    hit = (_align_load(ids_ptr, offs, numel, num_experts) == e).to(tl.int32)
+    to = tl.load(offsets_ptr + s * num_experts + e) + tl.cumsum(hit, axis=0) - hit
+    tl.store(sorted_ptr + to, offs, mask=hit != 0)
+
+
+@triton.jit
+def _align_sort_segment(ids_ptr, offsets_ptr, sorted_ptr, numel, num_experts, s, BLOCK: tl.constexpr):
+    # Segment s's ids sorted by (expert, position); the i-th goes to i + its expert's offset.
     lanes = tl.arange(0, BLOCK)
-    run = tl.load(offsets_ptr + s * num_experts + e)
-    seg_end = tl.minimum(numel, (s + 1) * SEGMENT)
-    for p in range(s * SEGMENT, seg_end, BLOCK):
-        offs = p + lanes
-        hit = (tl.load(ids_ptr + offs, mask=offs < seg_end, other=-1) == e).to(tl.int32)
-        tl.store(sorted_ptr + run + tl.cumsum(hit, axis=0) - hit, offs, mask=hit != 0)
-        run += tl.sum(hit, axis=0)
-    if s == 0:
-        start = tl.load(offsets_ptr + segments * num_experts + e)
-        count = tl.load(offsets_ptr + (segments + 1) * num_experts + e)
-        end = start + (count + block_size - 1) // block_size * block_size
-        total = tl.load(post_pad_ptr)
-        pad = tl.zeros((BLOCK,), dtype=tl.int32) + numel
-        for p in range(start + count, end, BLOCK):
-            tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < end)
-        mine = tl.zeros((BLOCK,), dtype=tl.int32) + e
-        for b in range(start // block_size, end // block_size, BLOCK):
-            tl.store(experts_ptr + b + lanes, mine, mask=b + lanes < end // block_size)
-        share = (max_padded - total + num_experts - 1) // num_experts
-        lo = total + e * share
-        hi = tl.minimum(lo + share, max_padded)
-        for p in range(lo, hi, BLOCK):
-            tl.store(sorted_ptr + p + lanes, pad, mask=p + lanes < hi)
-        first_block = total // block_size
-        share = (max_blocks - first_block + num_experts - 1) // num_experts
-        lo = first_block + e * share
-        hi = tl.minimum(lo + share, max_blocks)
-        for b in range(lo, hi, BLOCK):
-            tl.store(experts_ptr + b + lanes, tl.zeros((BLOCK,), dtype=tl.int32), mask=b + lanes < hi)
+    ids = _align_load(ids_ptr, s * BLOCK + lanes, numel, num_experts)
+    keys = tl.sort(ids * BLOCK + lanes)
+    e = keys // BLOCK
+    routed = e < num_experts
+    to = tl.load(offsets_ptr + s * num_experts + e, mask=routed, other=0) + lanes
+    tl.store(sorted_ptr + to, s * BLOCK + keys % BLOCK, mask=routed)
+
+
+@triton.jit
+def _align_pad_expert(offsets_ptr, sorted_ptr, experts_ptr, post_pad_ptr, numel, num_experts, block_size,
+                      max_padded, max_blocks, segments, e, BLOCK: tl.constexpr):
+    # Expert e's padding rows (numel) and its blocks' expert id, then its 1/E of the tail.
+    lanes = tl.arange(0, BLOCK)
+    start = tl.load(offsets_ptr + segments * num_experts + e)
+    count = tl.load(offsets_ptr + (segments + 1) * num_experts + e)
+    end = start + (count + block_size - 1) // block_size * block_size
+    total = tl.load(post_pad_ptr)
+    pad = tl.zeros((BLOCK,), dtype=tl.int32) + numel
+    for q in range(start + count, end, BLOCK):
+        tl.store(sorted_ptr + q + lanes, pad, mask=q + lanes < end)
+    mine = tl.zeros((BLOCK,), dtype=tl.int32) + e
+    for b in range(start // block_size, end // block_size, BLOCK):
+        tl.store(experts_ptr + b + lanes, mine, mask=b + lanes < end // block_size)
+    share = (max_padded - total + num_experts - 1) // num_experts
+    lo = total + e * share
+    hi = tl.minimum(lo + share, max_padded)
+    for q in range(lo, hi, BLOCK):
+        tl.store(sorted_ptr + q + lanes, pad, mask=q + lanes < hi)
+    first_block = total // block_size
+    share = (max_blocks - first_block + num_experts - 1) // num_experts
+    lo = first_block + e * share
+    hi = tl.minimum(lo + share, max_blocks)
+    for b in range(lo, hi, BLOCK):
+        tl.store(experts_ptr + b + lanes, tl.zeros((BLOCK,), dtype=tl.int32), mask=b + lanes < hi)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -898,20 +951,21 @@ def align(ids: torch.Tensor, block_size: int, num_experts: int, chain: _launch.C
     segments = align_segments(numel)
     sizes = align_sizes(max_padded, max_blocks, num_experts, segments)
     sorted_ids, expert_ids, post_pad, counts = step(_align_buffers, ids, sizes)
-    grid = (num_experts, segments)
+    sort = int(numel * num_experts >= _ALIGN_SORT_FROM)
+    grid = (segments,) if sort else (num_experts, segments)
     _launch.launch_kernel(
-        _align_count, grid, ids, counts, numel, num_experts, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK,
-        **chain.link(), num_warps=4,
+        _align_count, grid, ids, counts, numel, num_experts, sort, BLOCK=_ALIGN_BLOCK,
+        BINS=_launch.pow2ceil(num_experts + 1), **chain.link(), num_warps=4,
     )  # fmt: skip
     e_block = _launch.pow2ceil(num_experts)
     _launch.launch_kernel(
-        _align_offsets, (1,), counts, post_pad, num_experts, block_size, segments,
+        _align_offsets, (1,), counts, post_pad, num_experts, block_size, segments, sort,
         E_BLOCK=e_block, S_BLOCK=max(1, _ALIGN_TILE // e_block), **chain.link(), num_warps=4,
     )  # fmt: skip
     _launch.launch_kernel(
-        _align_scatter, grid,
+        _align_scatter, (segments + num_experts,) if sort else grid,
         ids, counts, sorted_ids, expert_ids, post_pad, numel, num_experts, block_size, max_padded, max_blocks,
-        segments, SEGMENT=_ALIGN_SEGMENT, BLOCK=_ALIGN_BLOCK, **chain.link(), num_warps=4,
+        segments, sort, BLOCK=_ALIGN_BLOCK, **chain.link(), num_warps=4,
     )  # fmt: skip
     if named is not None:
         named += [counts, expert_ids]
@@ -919,9 +973,9 @@ def align(ids: torch.Tensor, block_size: int, num_experts: int, chain: _launch.C
 
 
 def align_segments(numel: int) -> int:
-    """The segments of the flat ids the alignment kernels split among programs (each expert's),
-    _ALIGN_SEGMENT ids each; at least one."""
-    return max(1, _launch.cdiv(numel, _ALIGN_SEGMENT))
+    """The segments of the flat ids the alignment kernels split among programs, _ALIGN_BLOCK
+    ids each; at least one."""
+    return max(1, _launch.cdiv(numel, _ALIGN_BLOCK))
 
 
 def align_sizes(max_padded: int, max_blocks: int, num_experts: int, segments: int) -> list[int]:
