@@ -29,7 +29,7 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu-smoke", action="store_true", help="a tiny layer in the interpreter, each record once")
     p.add_argument("--hw", default=None, help="hardware spec name (default: detect the device)")
-    p.add_argument("--set", default="wide", choices=["wide", "prefill"], help="the records to run")
+    p.add_argument("--set", default="wide", choices=["wide", "prefill", "down"], help="the records to run")
     p.add_argument("--models", nargs="+", default=None, help="models (default: qwen3_30b mixtral dsv3)")
     p.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts (default 4096)")
     return p.parse_args()
@@ -58,11 +58,11 @@ DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 
 
-def rec(bm, bn, warps, stages, group=16, down_bn=None):
+def rec(bm, bn, warps, stages, group=16, down_bn=None, down_warps=None, down_stages=None, down_bk=128):
     return dict(
         kernel="grouped", block_size_m=bm, block_size_n=bn, block_size_k=128, group_size_m=group, num_warps=warps,
-        num_stages=stages, fuse_sum=False, down_block_size_n=down_bn or bn, down_block_size_k=128,
-        down_num_warps=warps, down_num_stages=stages, down_split_k=1,
+        num_stages=stages, fuse_sum=False, down_block_size_n=down_bn or bn, down_block_size_k=down_bk,
+        down_num_warps=down_warps or warps, down_num_stages=down_stages or stages, down_split_k=1,
     )  # fmt: skip
 
 
@@ -82,6 +82,16 @@ RECORDS = {
         "64x128 w4 s4": rec(64, 128, 4, 4),
         "128x128 w8 s3": rec(128, 128, 8, 3),
         "128x128 w8 s4": rec(128, 128, 8, 4),
+    },
+    # prefill_large's up GEMM (128x128, 8 warps, 3 stages) with other down GEMM tiles.
+    "down": {
+        "128x128 w8 s3": rec(128, 128, 8, 3),
+        "down 128x256 w8 s3": rec(128, 128, 8, 3, down_bn=256),
+        "down 128x256 w8 s4": rec(128, 128, 8, 3, down_bn=256, down_stages=4),
+        "down 128x128 w8 s4": rec(128, 128, 8, 3, down_stages=4),
+        "down 128x128 w4 s3": rec(128, 128, 8, 3, down_warps=4),
+        "down 128x128x64 w8 s5": rec(128, 128, 8, 3, down_stages=5, down_bk=64),
+        "down 128x64 w4 s4": rec(128, 128, 8, 3, down_bn=64, down_warps=4, down_stages=4),
     },
 }
 
