@@ -208,6 +208,14 @@ for T in (1, 3, 50, 300, 5000):
         M.fused_moe_fp8(x, w1, w2, weights, ids, w1_scale=s1, w2_scale=s2, a1_scale=a, a2_scale=a,
                         block_shape=[128, 128] if blocked else None, activation=d.get("moe_activation") or "silu")
         ran.append([T, scaling, M.select(T, I, dtype=fp8).name])
+# fused_moe on bf16 weights (the prefill bucket reads them through TMA descriptors on Hopper).
+b1 = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16)
+b2 = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16)
+for T in (3, 300, 5000):
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    weights, ids = M.topk_softmax(torch.randn(T, E, device="cuda"), k, True)
+    M.fused_moe(x, b1, b2, weights, ids, activation=d.get("moe_activation") or "silu")
+    ran.append([T, "bf16", M.select(T, I, dtype=torch.bfloat16).name])
 torch.cuda.synchronize()
 new = sorted(set(os.listdir(cache)) - before)
 # What each new entry compiled (kernel name and specialization), so a gap can be read off a failure.
@@ -223,7 +231,7 @@ print(json.dumps({"new_cache_entries": new, "compiled": compiled, "listener_miss
 """
 
 
-def test_first_fp8_calls_after_warm_up_compile_nothing(tmp_path):
+def test_first_moe_calls_after_warm_up_compile_nothing(tmp_path):
     M, hw = _target()
     if hw in M.UNSERVED_FP8:
         pytest.skip(f"{hw} has no e4m3fn tensor cores")

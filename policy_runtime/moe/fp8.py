@@ -37,11 +37,13 @@ from .ops import (
     check_expert_map,
     fail,
     index_tensor,
+    load_rows,
     replay_routed,
     run_routed,
     same_device,
     sum_rows,
     tensor_arg,
+    weights_arg,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -249,6 +251,7 @@ def fp8_grouped_up_body(
     GROUP_M: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
+    W_DESC: tl.constexpr = False,
 ):
     # policy_runtime/moe/ops.py's grouped_up_body on e4m3 operands: one aligned block of one expert's rows,
     # BLOCK_N columns of each half of w1, grouped order.  SCALING 0: the accumulated tiles times
@@ -275,8 +278,12 @@ def fp8_grouped_up_body(
         else:
             g_rows = cols
             u_rows = cols + N
-        g_ptrs = w_ptr + expert * stride_we + g_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
-        u_ptrs = w_ptr + expert * stride_we + u_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        if W_DESC:  # w_ptr: a TMA descriptor over w as [experts * 2N, K] (not interleaved)
+            g_row = (expert * (stride_we // stride_wn) + (pid_n * BLOCK_N) % N).to(tl.int32)
+            u_row = g_row + N
+        else:
+            g_ptrs = w_ptr + expert * stride_we + g_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+            u_ptrs = w_ptr + expert * stride_we + u_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if SCALING == 1:
@@ -294,7 +301,11 @@ def fp8_grouped_up_body(
                 gs_one = ws_ptr + expert * stride_wse + (n0 // SCALE_BLOCK) * stride_wsn
                 us_one = ws_ptr + expert * stride_wse + ((n0 + N) // SCALE_BLOCK) * stride_wsn
         for kt in range(0, (K + BLOCK_K - 1) // BLOCK_K):
-            if EVEN_K:
+            if W_DESC:
+                a = load_rows(a_ptrs, valid, offs_k, K - kt * BLOCK_K, EVEN_K)
+                g = w_ptr.load([g_row, kt * BLOCK_K]).T
+                u = w_ptr.load([u_row, kt * BLOCK_K]).T
+            elif EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
                 g = tl.load(g_ptrs)
                 u = tl.load(u_ptrs)
@@ -319,8 +330,9 @@ def fp8_grouped_up_body(
                 acc_g = tl.dot(a, g, acc_g)
                 acc_u = tl.dot(a, u, acc_u)
             a_ptrs += BLOCK_K * stride_xk
-            g_ptrs += BLOCK_K * stride_wk
-            u_ptrs += BLOCK_K * stride_wk
+            if not W_DESC:
+                g_ptrs += BLOCK_K * stride_wk
+                u_ptrs += BLOCK_K * stride_wk
         if SCALING == 0:
             s = tl.load(xs_ptr) * tl.load(ws_ptr + expert * stride_wse)
             acc_g = acc_g * s
@@ -368,6 +380,7 @@ def fp8_grouped_down_body(
     SCALE_BLOCK: tl.constexpr,
     SPLIT_K: tl.constexpr,
     PDL: tl.constexpr = False,
+    W_DESC: tl.constexpr = False,
 ):
     # policy_runtime/moe/ops.py's grouped_down_body on e4m3 operands: weights[row] * (h[row] @ w[e].T) for
     # one aligned block, scaled as fp8_grouped_up_body (h's scale hs[0] or hs[row, kb]); FUSE_SUM adds
@@ -389,7 +402,10 @@ def fp8_grouped_down_body(
         cols = (offs_n % N).to(tl.int64)
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = h_ptr + tok.to(tl.int64)[:, None] * stride_hm + offs_k[None, :] * stride_hk
-        b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+        if W_DESC:  # w_ptr: a TMA descriptor over w as [experts * N, K]
+            b_row = (expert * (stride_we // stride_wn) + (pid_n * BLOCK_N) % N).to(tl.int32)
+        else:
+            b_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if SCALING == 1:
             hs_ptrs = hs_ptr + tok.to(tl.int64) * stride_hsm
@@ -404,9 +420,13 @@ def fp8_grouped_down_body(
             kt_lo = tl.program_id(1) * per
             kt_hi = tl.minimum(kt_lo + per, k_tiles)
             a_ptrs += kt_lo * BLOCK_K * stride_hk
-            b_ptrs += kt_lo * BLOCK_K * stride_wk
+            if not W_DESC:
+                b_ptrs += kt_lo * BLOCK_K * stride_wk
         for kt in range(kt_lo, kt_hi):
-            if EVEN_K:
+            if W_DESC:
+                a = load_rows(a_ptrs, valid, offs_k, K - kt * BLOCK_K, EVEN_K)
+                b = w_ptr.load([b_row, kt * BLOCK_K]).T
+            elif EVEN_K:
                 a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
                 b = tl.load(b_ptrs)
             else:
@@ -423,7 +443,8 @@ def fp8_grouped_down_body(
             else:
                 acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K * stride_hk
-            b_ptrs += BLOCK_K * stride_wk
+            if not W_DESC:
+                b_ptrs += BLOCK_K * stride_wk
         coef = tl.load(weights_ptr + tok, mask=valid, other=0.0).to(tl.float32)
         if SCALING == 0:
             coef = coef * (tl.load(hs_ptr) * tl.load(ws_ptr + expert * stride_wse))
@@ -765,6 +786,8 @@ class Fp8Variant(KernelPair):
     # grouped: the down GEMM's K split in this many runs (the spec's down_split_k; its kernel's
     # SPLIT_K), their fp32 partial rows added by the reduce.
     down_split_k: int = 1
+    # grouped: the expert weights through TMA descriptors where the device has them (weights_arg).
+    weights_tma: bool = False
 
     def run(
         self,
@@ -850,15 +873,20 @@ class Fp8Variant(KernelPair):
             return
         sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts, chain)
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
+        # TMA descriptors for the weights (not gpt-oss's interleaved w1) where the record asks.
+        w1_arg, up_desc = weights_arg(w1, self.block_n, self.block_k, self.weights_tma and act != 2)
+        w2_arg, down_desc = weights_arg(w2, self.down_block_n, self.down_block_k, self.weights_tma)
+        up_desc_kw = {"W_DESC": up_desc} if self.weights_tma else {}
+        down_desc_kw = {"W_DESC": down_desc} if self.weights_tma else {}
         _launch.launch_kernel(
             self.up, (blocks * _launch.cdiv(inter, self.block_n),),
-            x_q, x_s, w1, scales.w1, h, hs_arg, amax_arg, sorted_ids, expert_ids, post_pad, numel, blocks,
+            x_q, x_s, w1_arg, scales.w1, h, hs_arg, amax_arg, sorted_ids, expert_ids, post_pad, numel, blocks,
             inter, H, k, *x_q.stride(), *x_ss, *w1.stride(), *scales.w1_strides, *h.stride(), *up_tail,
-            **chain.link(dependent=False), **opts,
+            **chain.link(dependent=False), **up_desc_kw, **opts,
         )  # fmt: skip
         h_q, h_s = intermediate()
         h_ss = h_s.stride() if h_s.dim() == 2 else (0, 0)
-        down_head = (h_q, h_s, w2, scales.w2)
+        down_head = (h_q, h_s, w2_arg, scales.w2)
         down_mid = (sorted_ids, expert_ids, post_pad, numel, blocks, H, inter, k, *h_q.stride(), *h_ss,
                     *w2.stride(), *scales.w2_strides)  # fmt: skip
         down_tail = (inter % self.down_block_k == 0, scales.scaling)
@@ -871,7 +899,7 @@ class Fp8Variant(KernelPair):
                 acc = step(torch.zeros, (T, H), dtype=torch.float32, device=dev)
             _launch.launch_kernel(
                 self.down, grid, *down_head, acc, weights, *down_mid, *acc.stride(), *down_tail,
-                **chain.link(dependent=False),
+                **chain.link(dependent=False), **down_desc_kw,
                 **down_opts,
             )  # fmt: skip
             if acc is not out and not compiling:
@@ -887,7 +915,7 @@ class Fp8Variant(KernelPair):
             rows = step(torch.zeros if ep else torch.empty, (numel * split, H), dtype=rows_dtype, device=dev)
         _launch.launch_kernel(
             self.down, grid, *down_head, rows, weights, *down_mid, *rows.stride(), *down_tail,
-            **chain.link(dependent=False),
+            **chain.link(dependent=False), **down_desc_kw,
             **down_opts,
         )  # fmt: skip
         if rows is not out:

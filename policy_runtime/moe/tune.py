@@ -39,6 +39,7 @@ def launch_fields(record: Mapping[str, Any]) -> dict[str, Any]:
         down_block_k=record["down_block_size_k"],
         down_num_warps=record["down_num_warps"],
         down_num_stages=record["down_num_stages"],
+        weights_tma=record.get("weights_tma", False),
     )
 
 

@@ -27,7 +27,7 @@ def kernel_name(tag: str, c: dict[str, Any]) -> str:
     """``_moe_16bit_grouped_16x64x64_g1_w4_s3_sum``: the kernels' constants, spelt out (the up and
     down kernels add ``_up`` and ``_down``); a down GEMM with its own tile adds
     ``_down4x128_w4`` (and ``_s2`` where its pipelining depth is its own), an FP8 down GEMM's K
-    split ``_split4``, chained launches ``_pdl``."""
+    split ``_split4``, chained launches ``_pdl``, weights through TMA descriptors ``_wtma``."""
     name = f"_moe_{tag}_{c['kernel']}_{c['block_size_m']}x{c['block_size_n']}x{c['block_size_k']}"
     name += f"_g{c['group_size_m']}_w{c['num_warps']}_s{c['num_stages']}"
     if c["fuse_sum"]:
@@ -40,6 +40,8 @@ def kernel_name(tag: str, c: dict[str, Any]) -> str:
         name += f"_split{c['down_split_k']}"
     if c["chained"]:
         name += "_pdl"
+    if c.get("weights_tma"):
+        name += "_wtma"
     return name
 
 
@@ -72,6 +74,8 @@ def kernel_summary(c: dict[str, Any]) -> str:
         parts.append(f"the down GEMM's K in {c['down_split_k']} runs")
     if c["chained"]:
         parts.append("chained by programmatic dependent launch")
+    if c.get("weights_tma"):
+        parts.append("weights through TMA descriptors where a call allows")
     if c["kernel"] == "grouped":
         parts.append("weighted sum by fp32 atomics" if c["fuse_sum"] else "weighted rows summed by a reduce")
     else:
