@@ -200,3 +200,22 @@ def test_a_record_asking_tma_weights_on_a_part_without_tma_is_a_spec_error(proje
     assert "TMA loads of the weights need a grouped kernel on a part with TMA" in result.err, result.err
     assert "a100" in result.err, result.err
     assert snapshot(project / "generated") == before
+
+
+def test_expert_parallel_calls_read_their_local_experts_through_descriptors(made):
+    """With an expert_map (3 of 6 experts on this rank) the descriptors span the local experts'
+    weights only, and the call gives the pointer loads' bytes."""
+    E, k, T, H, I = 6, 2, 30, 64, 96
+    x = torch.randn(T, H, device=DEVICE).half()
+    w1 = (torch.randn(3, 2 * I, H, device=DEVICE) / 8).half()
+    w2 = (torch.randn(3, H, I, device=DEVICE) / 8).half()
+    weights, ids = (t.to(DEVICE) for t in routing(T, E, k))
+    emap = torch.tensor([0, -1, 1, -1, 2, -1], dtype=torch.int32, device=DEVICE)
+    v = M.select(4096, I, dtype=torch.float16, hw="h200").variant
+
+    def call():
+        return M._MOE.fused_moe(x, w1, w2, weights, ids, "silu", None, "h200", v, expert_map=emap)
+
+    tma, ptr, flags = both_paths(made, call)
+    assert flags == [True, True]
+    assert torch.equal(tma, ptr) and tma.abs().sum() > 0
