@@ -223,6 +223,28 @@ def fused_moe_fp8(off):
 
 
 @case
+def fused_moe_prefill(off):
+    # The prefill bucket: on Hopper its weights through TMA descriptors (weights_tma).
+    E, H, inter, k, T = 8, 192, 96, 2, 700
+    x = rnd(T, H, offset=off)
+    w1, w2 = rnd(E, 2 * inter, H) / 8, rnd(E, H, inter) / 8
+    wts, ids = MOE.topk_softmax(torch.randn(T, E, device=DEV), k, True)
+    return lambda: MOE.fused_moe(x, w1, w2, wts, ids)
+
+
+@case
+def fused_moe_fp8_prefill_large(off):
+    # FP8 prefill_large: on Hopper its weights through TMA descriptors (weights_tma).
+    E, H, inter, k, T = 8, 256, 128, 2, 3500
+    x = rnd(T, H, offset=off)
+    w1 = (rnd(E, 2 * inter, H) / 8).to(torch.float8_e4m3fn)
+    w2 = (rnd(E, H, inter) / 8).to(torch.float8_e4m3fn)
+    s1, s2 = torch.full((E,), 0.5, device=DEV), torch.full((E,), 0.5, device=DEV)
+    wts, ids = MOE.topk_softmax(torch.randn(T, E, device=DEV), k, True)
+    return lambda: MOE.fused_moe_fp8(x, w1, w2, wts, ids, w1_scale=s1, w2_scale=s2)
+
+
+@case
 def fused_moe_decode(off):
     # One token: the target's decode bucket (simt, chained on Hopper and later; gemv elsewhere).
     E, H, inter, k = 8, 192, 96, 2
@@ -387,9 +409,11 @@ CACHED = {
     "moe_align_block_size_expert_map": "moe_align_block_size",
     "fused_moe": "fused_moe",
     "fused_moe_decode": "fused_moe",
+    "fused_moe_prefill": "fused_moe",
     "fused_moe_expert_map_gelu": "fused_moe",
     "fused_moe_fp8": "fused_moe_fp8",
     "fused_moe_fp8_block": "fused_moe_fp8",
+    "fused_moe_fp8_prefill_large": "fused_moe_fp8",
     "fused_moe_fp8_static_decode": "fused_moe_fp8",
 }
 
