@@ -20,7 +20,6 @@ from generated import dispatch
 from generated import moe as M
 from kernel_cases import DEVICE, GPU, routing, seeded  # noqa: F401  (autouse fixture: a fixed seed per test)
 from policy_runtime import call_cache
-from policy_runtime.moe import fp8 as f8
 from policy_runtime.moe import ops as rt
 from test_moe_fp8 import quant_weights
 
@@ -41,8 +40,7 @@ def made(monkeypatch):
         seen.append(flag)
         return arg, flag
 
-    monkeypatch.setattr(rt, "weights_arg", spy)
-    monkeypatch.setattr(f8, "weights_arg", spy)
+    monkeypatch.setattr(rt, "weights_arg", spy)  # both families' KernelPair.weight_args call it
     return seen, state
 
 

@@ -43,7 +43,6 @@ from .ops import (
     same_device,
     sum_rows,
     tensor_arg,
-    weights_arg,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -786,8 +785,6 @@ class Fp8Variant(KernelPair):
     # grouped: the down GEMM's K split in this many runs (the spec's down_split_k; its kernel's
     # SPLIT_K), their fp32 partial rows added by the reduce.
     down_split_k: int = 1
-    # grouped: the expert weights through TMA descriptors where the device has them (weights_arg).
-    weights_tma: bool = False
 
     def run(
         self,
@@ -873,11 +870,7 @@ class Fp8Variant(KernelPair):
             return
         sorted_ids, expert_ids, post_pad = align(ids, self.block_m, num_experts, chain)
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
-        # TMA descriptors for the weights (not gpt-oss's interleaved w1) where the record asks.
-        w1_arg, up_desc = weights_arg(w1, self.block_n, self.block_k, self.weights_tma and act != 2)
-        w2_arg, down_desc = weights_arg(w2, self.down_block_n, self.down_block_k, self.weights_tma)
-        up_desc_kw = {"W_DESC": up_desc} if self.weights_tma else {}
-        down_desc_kw = {"W_DESC": down_desc} if self.weights_tma else {}
+        w1_arg, w2_arg, up_desc_kw, down_desc_kw = self.weight_args(w1, w2, act)
         _launch.launch_kernel(
             self.up, (blocks * _launch.cdiv(inter, self.block_n),),
             x_q, x_s, w1_arg, scales.w1, h, hs_arg, amax_arg, sorted_ids, expert_ids, post_pad, numel, blocks,

@@ -738,10 +738,23 @@ class KernelPair:
     # The down GEMM's pipelining depth (the spec's down_num_stages; the up GEMM's unless the record
     # says otherwise).
     down_num_stages: int
+    # grouped: the expert weights through TMA descriptors where the call's layout allows
+    # (the spec's weights_tma; weights_arg).
+    weights_tma: bool = False
 
     @property
     def name(self) -> str:
         return self.up.__name__.removesuffix("_up")
+
+    def weight_args(self, w1: torch.Tensor, w2: torch.Tensor, act: int) -> tuple[Any, Any, dict, dict]:
+        """The grouped GEMMs' w1 and w2 arguments (TMA descriptors or the tensors, weights_arg; not
+        for gpt-oss's interleaved w1) and each kernel's W_DESC keyword (none for a pair generated
+        without weights_tma, whose wrappers take no W_DESC)."""
+        w1_arg, up_desc = weights_arg(w1, self.block_n, self.block_k, self.weights_tma and act != 2)
+        w2_arg, down_desc = weights_arg(w2, self.down_block_n, self.down_block_k, self.weights_tma)
+        if not self.weights_tma:
+            return w1_arg, w2_arg, {}, {}
+        return w1_arg, w2_arg, {"W_DESC": up_desc}, {"W_DESC": down_desc}
 
 
 def weights_arg(w: torch.Tensor, block_n: int, block_k: int, tma: bool) -> tuple[Any, bool]:
@@ -759,8 +772,8 @@ def weights_arg(w: torch.Tensor, block_n: int, block_k: int, tma: bool) -> tuple
         tma and (w.is_cuda or _launch.INTERPRET) and sk == 1 and sn >= K and (sn * es) % 16 == 0
         and se >= 0 and se % sn == 0 and w.data_ptr() % 16 == 0
     )  # fmt: skip
-    rows = (E - 1) * (se // sn) + R if ok else 0
-    if not ok or rows >= 2**31:
+    rows = (E - 1) * (se // sn) + R if ok else 0  # the last expert's end, in rows of sn elements
+    if not ok or rows >= 2**31:  # (descriptor coordinates are int32)
         return w, False
     return step(TensorDescriptor, w, [rows, K], [sn, 1], [block_n, block_k]), True
 
@@ -770,9 +783,7 @@ class Variant(KernelPair):
     """One pair of specialized 16-bit / fp32 kernels (moe_launch) and how to run it."""
 
     # simt: both GEMMs launched as programmatic dependent launches where the device has them.
-    chained: bool
-    # grouped: the expert weights through TMA descriptors where the device has them (weights_arg).
-    weights_tma: bool = False
+    chained: bool = False
 
     def run(
         self,
@@ -832,11 +843,7 @@ class Variant(KernelPair):
         # Row blocks that can hold rows: each expert's full blocks, plus one partial block for
         # each expert that has any.  Past it (and past post_pad) nothing is launched or done.
         blocks = min(expert_ids.numel(), numel // self.block_m + min(num_experts, numel))
-        # TMA descriptors for the weights (not gpt-oss's interleaved w1) where the record asks.
-        w1_arg, up_desc = weights_arg(w1, self.block_n, self.block_k, self.weights_tma and act != 2)
-        w2_arg, down_desc = weights_arg(w2, self.down_block_n, self.down_block_k, self.weights_tma)
-        up_desc_kw = {"W_DESC": up_desc} if self.weights_tma else {}
-        down_desc_kw = {"W_DESC": down_desc} if self.weights_tma else {}
+        w1_arg, w2_arg, up_desc_kw, down_desc_kw = self.weight_args(w1, w2, act)
         _launch.launch_kernel(
             self.up, (blocks * _launch.cdiv(inter, self.block_n),),
             x, w1_arg, h, sorted_ids, expert_ids, post_pad, numel, blocks, inter, H, k,
