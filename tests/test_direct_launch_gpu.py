@@ -202,56 +202,52 @@ def moe_align_block_size(off):
     return lambda: MOE.moe_align_block_size(ids, 16, 60)
 
 
-@case
-def fused_moe(off):
-    E, H, inter, k, T = 8, 192, 96, 2, 13
+def _fused_moe(off, T):
+    # A 16-bit layer of T tokens through the target's bucket for T.
+    E, H, inter, k = 8, 192, 96, 2
     x = rnd(T, H, offset=off)
     w1, w2 = rnd(E, 2 * inter, H) / 8, rnd(E, H, inter) / 8
     wts, ids = MOE.topk_softmax(torch.randn(T, E, device=DEV), k, True)
     return lambda: MOE.fused_moe(x, w1, w2, wts, ids)
 
 
-@case
-def fused_moe_fp8(off):
-    E, H, inter, k, T = 8, 256, 128, 2, 13
+def _fused_moe_fp8(off, T):
+    # An FP8 layer of T tokens (per-tensor scales) through the target's bucket for T.
+    E, H, inter, k = 8, 256, 128, 2
     x = rnd(T, H, offset=off)
     w1 = (rnd(E, 2 * inter, H) / 8).to(torch.float8_e4m3fn)
     w2 = (rnd(E, H, inter) / 8).to(torch.float8_e4m3fn)
     s1, s2 = torch.full((E,), 0.5, device=DEV), torch.full((E,), 0.5, device=DEV)
     wts, ids = MOE.topk_softmax(torch.randn(T, E, device=DEV), k, True)
     return lambda: MOE.fused_moe_fp8(x, w1, w2, wts, ids, w1_scale=s1, w2_scale=s2)
+
+
+@case
+def fused_moe(off):
+    return _fused_moe(off, 13)
+
+
+@case
+def fused_moe_fp8(off):
+    return _fused_moe_fp8(off, 13)
 
 
 @case
 def fused_moe_prefill(off):
     # The prefill bucket: on Hopper its weights through TMA descriptors (weights_tma).
-    E, H, inter, k, T = 8, 192, 96, 2, 700
-    x = rnd(T, H, offset=off)
-    w1, w2 = rnd(E, 2 * inter, H) / 8, rnd(E, H, inter) / 8
-    wts, ids = MOE.topk_softmax(torch.randn(T, E, device=DEV), k, True)
-    return lambda: MOE.fused_moe(x, w1, w2, wts, ids)
+    return _fused_moe(off, 700)
 
 
 @case
 def fused_moe_fp8_prefill_large(off):
     # FP8 prefill_large: on Hopper its weights through TMA descriptors (weights_tma).
-    E, H, inter, k, T = 8, 256, 128, 2, 3500
-    x = rnd(T, H, offset=off)
-    w1 = (rnd(E, 2 * inter, H) / 8).to(torch.float8_e4m3fn)
-    w2 = (rnd(E, H, inter) / 8).to(torch.float8_e4m3fn)
-    s1, s2 = torch.full((E,), 0.5, device=DEV), torch.full((E,), 0.5, device=DEV)
-    wts, ids = MOE.topk_softmax(torch.randn(T, E, device=DEV), k, True)
-    return lambda: MOE.fused_moe_fp8(x, w1, w2, wts, ids, w1_scale=s1, w2_scale=s2)
+    return _fused_moe_fp8(off, 3500)
 
 
 @case
 def fused_moe_decode(off):
     # One token: the target's decode bucket (simt, chained on Hopper and later; gemv elsewhere).
-    E, H, inter, k = 8, 192, 96, 2
-    x = rnd(1, H, offset=off)
-    w1, w2 = rnd(E, 2 * inter, H) / 8, rnd(E, H, inter) / 8
-    wts, ids = MOE.topk_softmax(torch.randn(1, E, device=DEV), k, True)
-    return lambda: MOE.fused_moe(x, w1, w2, wts, ids)
+    return _fused_moe(off, 1)
 
 
 @case
