@@ -28,21 +28,18 @@ from ..lookup import PolicyTables
 from ..fp8_kv import to_e4m3
 from ..scaled_mm.constexprs import SCALE_BLOCK
 from .ops import (
-    ACTIVATIONS,
     SUM_BLOCK,
     KernelPair,
     act_and_mul,
     align,
     chain_link,
     check_expert_map,
+    check_fused,
     fail,
-    index_tensor,
     load_rows,
     replay_routed,
     run_routed,
-    same_device,
     sum_rows,
-    tensor_arg,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -936,57 +933,7 @@ _FP8_CALLS = CallCache("fused_moe_fp8")
 
 
 # ---------------------------------------------------------------------------------------
-# Checks on a call and the entry point.
-
-
-def _check_fused_fp8(
-    x: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any, out: Any
-) -> tuple[int, int, int, int, int]:
-    """(T, H, I, E, k) of a valid fused_moe_fp8 call (its scales are checked apart)."""
-    op = "fused_moe_fp8"
-    x = tensor_arg(op, "hidden_states", x, 2)
-    T, H = x.shape
-    if x.dtype not in DTYPES:
-        fail(op, f"hidden_states must be float16, bfloat16 or float32 (the output's dtype), got {x.dtype}")
-    w1 = tensor_arg(op, "w1", w1, 3)
-    E, two_i, h1 = w1.shape
-    if h1 != H or two_i % 2:
-        fail(op, f"w1 must be [E, 2 * I, H] with H = {H} (hidden_states' columns), got {tuple(w1.shape)}")
-    w2 = tensor_arg(op, "w2", w2, 3)
-    if tuple(w2.shape) != (E, H, two_i // 2):
-        fail(op, f"w2 must be [E, H, I] = {(E, H, two_i // 2)} to match w1 {tuple(w1.shape)}, got {tuple(w2.shape)}")
-    if E == 0:
-        fail(op, "w1 and w2 have no experts")
-    for name, w in (("w1", w1), ("w2", w2)):
-        if w.dtype != FP8:
-            fail(op, f"{name} must be torch.float8_e4m3fn (w8a8 FP8), got {w.dtype}")
-    topk_weights = tensor_arg(op, "topk_weights", topk_weights, 2)
-    topk_ids = tensor_arg(op, "topk_ids", topk_ids, 2)
-    if topk_weights.shape[0] != T or topk_weights.shape[1] < 1:
-        fail(op, f"topk_weights must be [T, k] with T = {T} and k >= 1, got {tuple(topk_weights.shape)}")
-    if topk_ids.shape != topk_weights.shape:
-        fail(op, f"topk_ids must have topk_weights' shape {tuple(topk_weights.shape)}, got {tuple(topk_ids.shape)}")
-    if not topk_weights.is_floating_point():
-        fail(op, f"topk_weights must be a float tensor, got {topk_weights.dtype}")
-    index_tensor(op, "topk_ids", topk_ids)
-    if activation not in ACTIVATIONS:
-        fail(op, f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    named = [("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)]
-    if out is not None:
-        out = tensor_arg(op, "out", out, 2)
-        if tuple(out.shape) != (T, H):
-            fail(op, f"out must have shape {(T, H)}, got {tuple(out.shape)}")
-        if out.dtype != x.dtype:
-            fail(op, f"out must have hidden_states' dtype {x.dtype}, got {out.dtype}")
-        if H > 1 and T > 1 and (out.stride(1) != 1 or out.stride(0) < H):
-            fail(op, f"out must have unit column stride and rows that do not overlap, got strides {out.stride()}")
-        named.append(("out", out))
-    for name, t in named:
-        same_device(op, name, t, x, "hidden_states")
-    _launch.check_runnable(op, "hidden_states", x)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, topk_weights)):
-        fail(op, "an input requires grad, and the kernels have no backward")
-    return T, H, two_i // 2, E, topk_ids.shape[1]
+# The entry point (its arguments checked by ops.check_fused, its scales by check_moe_scales).
 
 
 @dataclass(frozen=True)
@@ -1060,7 +1007,9 @@ class MoEFp8(PolicyTables):
         # The full path; ``named`` (a list) gets the tensors its launches take: run_routed's, then
         # the scales (the activations' as checked: one-element views).
         op = "fused_moe_fp8"
-        T, H, inter, E, k = _check_fused_fp8(x, w1, w2, topk_weights, topk_ids, activation, out)
+        T, H, inter, E, k = check_fused(
+            "fused_moe_fp8", x, w1, w2, topk_weights, topk_ids, activation, out, DTYPES, FP8
+        )
         scales = check_moe_scales(op, H, inter, E, w1_scale, w2_scale, a1_scale, a2_scale, block_shape, x.device)
         if expert_map is not None:
             expert_map = check_expert_map(op, expert_map, topk_ids, E)

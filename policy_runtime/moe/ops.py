@@ -934,15 +934,24 @@ def _experts_count(op: str, name: str, n: Any) -> int:
     return n
 
 
-def _check_fused(
-    x: Any, w1: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any, out: Any, dtypes: Any
+def check_fused(
+    op: str,
+    x: Any,
+    w1: Any,
+    w2: Any,
+    topk_weights: Any,
+    topk_ids: Any,
+    activation: Any,
+    out: Any,
+    dtypes: Any,
+    weight_dtype: Optional[torch.dtype] = None,
 ) -> tuple[int, int, int, int, int]:
-    """(T, H, I, E, k) of a valid fused_moe call."""
-    op = "fused_moe"
+    """(T, H, I, E, k) of a valid call of ``op``: fused_moe (weights of hidden_states' dtype) or
+    fused_moe_fp8 (``weight_dtype`` e4m3fn weights; its scales are checked apart)."""
     x = tensor_arg(op, "hidden_states", x, 2)
     T, H = x.shape
     if x.dtype not in dtypes:
-        fail(op, f"hidden_states must be float16, bfloat16 or float32, got {x.dtype}")
+        fail(op, f"hidden_states must be float16, bfloat16 or float32 (the output's dtype), got {x.dtype}")
     w1 = tensor_arg(op, "w1", w1, 3)
     E, two_i, h1 = w1.shape
     if h1 != H or two_i % 2:
@@ -953,7 +962,9 @@ def _check_fused(
     if E == 0:
         fail(op, "w1 and w2 have no experts")
     for name, w in (("w1", w1), ("w2", w2)):
-        if w.dtype != x.dtype:
+        if weight_dtype is not None and w.dtype != weight_dtype:
+            fail(op, f"{name} must be {weight_dtype} (w8a8 FP8), got {w.dtype}")
+        if weight_dtype is None and w.dtype != x.dtype:
             fail(op, f"{name} must have hidden_states' dtype {x.dtype}, got {w.dtype}")
     topk_weights = tensor_arg(op, "topk_weights", topk_weights, 2)
     topk_ids = tensor_arg(op, "topk_ids", topk_ids, 2)
@@ -1320,7 +1331,9 @@ class MoE(PolicyTables):
 
     def _fused_moe(self, x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map, named=None):
         # The full path; ``named`` (a list) gets the tensors its launches take (run_routed's).
-        T, H, inter, E, k = _check_fused(x, w1, w2, topk_weights, topk_ids, activation, out, self.variant_of_dtype)
+        T, H, inter, E, k = check_fused(
+            "fused_moe", x, w1, w2, topk_weights, topk_ids, activation, out, self.variant_of_dtype
+        )
         if expert_map is not None:
             expert_map = check_expert_map("fused_moe", expert_map, topk_ids, E)
         if variant is None:
