@@ -245,7 +245,9 @@ def entries() -> dict:
     mx = rnd(1, Hd)
     w1, w2 = rnd(E, 2 * inter, Hd), rnd(E, Hd, inter)
     logits = torch.randn(1, E, device=DEV)
-    weights, ids = MOE.topk_softmax(logits, topk, True)
+    # The routing made by torch, not by topk_softmax: under --noop-launch no kernel writes it.
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), topk)
+    weights, ids = weights / weights.sum(dim=-1, keepdim=True), ids.to(torch.int32)
     mout = torch.empty_like(mx)
     e["topk_softmax"] = lambda: MOE.topk_softmax(logits, topk, True)
     e["fused_moe"] = lambda: MOE.fused_moe(mx, w1, w2, weights, ids, out=mout, hw=HW)
