@@ -190,3 +190,43 @@ def test_expert_map_with_one_expert_a_token():
     out = run(name, x, w1, w2, weights, ids, expert_map=expert_map.to(DEVICE))
     check(out, reference(x, w1, w2, weights, ids, expert_map=expert_map), torch.float16, f"{name} k=1")
     assert out[1].abs().sum().item() == 0.0 and out[3].abs().sum().item() == 0.0
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="ids are range-checked only where they are on the host")
+@pytest.mark.parametrize("fp8", [False, True], ids=["fused_moe", "fused_moe_fp8"])
+def test_routing_on_the_host_is_range_checked(fp8):
+    """CPU routing is checked before any launch, on the call cache's replay as on the first call:
+    an id past w1's experts, a negative one, an id past expert_map's global experts and a map
+    entry past the local experts (the kernels would read out of bounds, or skip the row)."""
+    E = 4
+    x = torch.randn(3, H).half()
+    w1, w2 = torch.randn(E, 2 * I, H).half(), torch.randn(E, H, I).half()
+    kw = {}
+    call = M.fused_moe
+    if fp8:
+        call = M.fused_moe_fp8
+        w1, w2 = w1.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn)
+        kw = dict(w1_scale=torch.ones(E), w2_scale=torch.ones(E))
+    weights = torch.ones(3, 2)
+    good = torch.tensor([[0, 1], [2, 3], [3, 0]], dtype=torch.int32)
+    op = "fused_moe_fp8" if fp8 else "fused_moe"
+    for _ in range(2):  # the second round replays the first good call's plan
+        call(x, w1, w2, weights, good, hw="h200", **kw)
+        for ids, where in (
+            ([[0, 1], [2, 7], [3, 0]], "topk_ids\\[1, 1\\] = 7"),
+            ([[0, -1], [2, 3], [3, 0]], "topk_ids\\[0, 1\\] = -1"),
+        ):
+            with pytest.raises(ValueError, match=f"{op}: {where} is not one of the experts of w1 and w2 \\(0 to 3\\)"):
+                call(x, w1, w2, weights, torch.tensor(ids, dtype=torch.int32), hw="h200", **kw)
+    emap = torch.tensor([-1, 0, 1, -1, 2, 3], dtype=torch.int64)
+    call(x, w1, w2, weights, good + 2, hw="h200", expert_map=emap, **kw)
+    with pytest.raises(
+        ValueError, match=f"{op}: topk_ids\\[0, 0\\] = 6 is not one of expert_map's global experts \\(0 to 5\\)"
+    ):
+        call(x, w1, w2, weights, good + 6, hw="h200", expert_map=emap, **kw)
+    bad_map = emap.clone()
+    bad_map[4] = 4
+    with pytest.raises(
+        ValueError, match=f"{op}: expert_map\\[4\\] = 4 is neither an expert of w1 and w2 \\(0 to 3\\) nor -1"
+    ):
+        call(x, w1, w2, weights, good, hw="h200", expert_map=bad_map, **kw)

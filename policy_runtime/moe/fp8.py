@@ -992,7 +992,9 @@ class MoEFp8(PolicyTables):
         if plan is not None and plan is not NO_PLAN:
             # The static activation scales as the launches took them: one value, the same memory.
             scales = (w1_scale, w2_scale, a1_scale, a2_scale)
-            return replay_routed(plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, scales)
+            return replay_routed(
+                "fused_moe_fp8", plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, scales
+            )
         if key is None or plan is NO_PLAN or grad_needed(x, topk_weights, out, w1_scale, w2_scale, a1_scale, a2_scale):
             return self._fused_moe_fp8(*args)
         with _FP8_CALLS.record() as rec:
@@ -1017,7 +1019,7 @@ class MoEFp8(PolicyTables):
             variant = self.policy(FP8, hw, x.device)[1](T, inter).variant
         run = functools.partial(variant.run, scales=scales)
         result = run_routed(
-            run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map, named
+            op, run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map, named
         )
         if named:
             named += (scales.w1, scales.w2, scales.a1, scales.a2)

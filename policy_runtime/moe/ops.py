@@ -997,7 +997,7 @@ def check_fused(
 
 def check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_experts: Optional[int]) -> torch.Tensor:
     """A checked expert map: [global experts] int32/int64 on topk_ids' device, each entry a local
-    expert id or -1 (entries are not range-checked: that would take a device sync)."""
+    expert id or -1 (its entries range-checked only on the host: check_routing_on_host)."""
     m = tensor_arg(op, "expert_map", expert_map, 1)
     index_tensor(op, "expert_map", m)
     same_device(op, "expert_map", m, topk_ids, "topk_ids")
@@ -1006,6 +1006,27 @@ def check_expert_map(op: str, expert_map: Any, topk_ids: torch.Tensor, local_exp
     if local_experts is not None and m.shape[0] < local_experts:
         fail(op, f"expert_map has {m.shape[0]} global experts, fewer than the {local_experts} of w1 and w2")
     return m
+
+
+def check_routing_on_host(op: str, topk_ids: torch.Tensor, experts: int, expert_map: Optional[torch.Tensor]) -> None:
+    """Routing that is on the host already (CPU tensors, the interpreter's): each id an expert of
+    w1 and w2, or with ``expert_map`` one of its global experts, and each map entry a local expert
+    or -1.  On a GPU this would take a device sync, so there an id out of range is not checked
+    (the grouped kernels skip it, the small-T kernels read out of bounds), as vLLM's."""
+    if topk_ids.device.type != "cpu" or topk_ids.numel() == 0:
+        return
+    n = experts if expert_map is None else expert_map.shape[0]
+    bad = ((topk_ids < 0) | (topk_ids >= n)).nonzero()
+    if bad.shape[0]:
+        t, j = bad[0].tolist()
+        whose = "expert_map's global experts" if expert_map is not None else "the experts of w1 and w2"
+        fail(op, f"topk_ids[{t}, {j}] = {int(topk_ids[t, j])} is not one of {whose} (0 to {n - 1})")
+    if expert_map is not None and expert_map.device.type == "cpu":
+        bad = ((expert_map < -1) | (expert_map >= experts)).nonzero()
+        if bad.shape[0]:
+            g = int(bad[0, 0])
+            fail(op, f"expert_map[{g}] = {int(expert_map[g])} is neither an expert of w1 and w2 "
+                     f"(0 to {experts - 1}) nor -1 (another rank's)")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
@@ -1320,7 +1341,7 @@ class MoE(PolicyTables):
             ),
         )  # fmt: skip
         if plan is not None and plan is not NO_PLAN:
-            return replay_routed(plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, ())
+            return replay_routed("fused_moe", plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, ())
         if key is None or plan is NO_PLAN or grad_needed(x, w1, w2, topk_weights, out):
             return self._fused_moe(x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map)
         with _FUSED_CALLS.record() as rec:
@@ -1339,11 +1360,12 @@ class MoE(PolicyTables):
         if variant is None:
             variant = self.policy(x.dtype, hw, x.device)[1](T, inter).variant
         return run_routed(
-            variant.run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map, named
+            "fused_moe", variant.run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map, named
         )
 
 
 def replay_routed(
+    op: str,
     plan: Any,
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -1357,6 +1379,7 @@ def replay_routed(
     """A call cache's hit of fused_moe or fused_moe_fp8: run_routed's output and routing, then
     ``plan`` over the tensors run_routed names (``extra``: the scales fused_moe_fp8 names).  The
     routing is passed [T, k] where the launches took its flat view: the same memory, contiguous."""
+    check_routing_on_host(op, topk_ids, w1.shape[0], expert_map)
     given = out is not None
     if out is None:
         # run_routed's contiguous [T, H] of x's dtype, for a third of torch.empty's host time.
@@ -1373,6 +1396,7 @@ def replay_routed(
 
 
 def run_routed(
+    op: str,
     run: Callable[..., None],
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -1392,6 +1416,7 @@ def run_routed(
     list, for a call cache's plan) gets x, w1, w2, the flat weights and ids and out, as the
     launches take them (replay_routed passes them so)."""
     T, H, inter, E = dims
+    check_routing_on_host(op, topk_ids, E, expert_map)
     given = out is not None
     if out is None:
         out = torch.empty((T, H), dtype=x.dtype, device=x.device)
