@@ -321,3 +321,31 @@ def test_swap_blocks_errors():
         C.swap_blocks(src.flatten()[:6], dst.flatten()[0], bm)
     with pytest.raises(ValueError, match=r"block_mapping must be \[n, 2\]"):
         C.swap_blocks(src, dst, bm[:, :1])
+
+
+def test_block_ids_on_the_host_are_range_checked():
+    """A block_mapping on the host (a CPU tensor; copied to a GPU's caches after) is checked before
+    the launch, on a replayed plan as on the first call: in the interpreter a block past the
+    caches was copied out of bounds and the process died (free(): invalid pointer)."""
+    a = ones(4, 2, 8, dtype=torch.float16)
+    b = a.clone()
+    for _ in range(2):  # the second round replays the first good call's plan
+        C.copy_blocks([a], [b], torch.tensor([[0, 1]]), hw="h200")
+        for mapping, shown in (([[0, 4]], r"\(0, 4\)"), ([[-1, 2]], r"\(-1, 2\)")):
+            with pytest.raises(
+                ValueError,
+                match=rf"copy_blocks: block_mapping\[0\] = {shown} names a block the caches do not have \(0 to 3\)",
+            ):
+                C.copy_blocks([a], [b], torch.tensor(mapping), hw="h200")
+
+
+@pytest.mark.skipif(GPU, reason="slot_mapping must be on key's device: on the host only on the CPU")
+def test_slots_on_the_host_are_range_checked():
+    """CPU slots past the cache raise before the launch (a negative one still skips its token),
+    on a replayed plan as on the first call."""
+    k = ones(2, 2, 8, dtype=torch.float16)
+    kc, vc = ones(3, 4, 2, 8, dtype=torch.float16), ones(3, 4, 2, 8, dtype=torch.float16)
+    for _ in range(2):
+        C.reshape_and_cache(k, k, kc, vc, torch.tensor([0, -1]), hw="h200")
+        with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 12 is past the cache's 12 slots \(3 blocks of 4\)"):
+            C.reshape_and_cache(k, k, kc, vc, torch.tensor([0, 12]), hw="h200")

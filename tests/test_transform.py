@@ -444,3 +444,18 @@ def test_rotary_errors():
         T.rotary_embedding(
             pos, ones(400, dtype=torch.float16).as_strided((2, 256), (64, 1)), None, cs, 64, True, hw="h200"
         )
+
+
+@pytest.mark.skipif(GPU, reason="positions must be on query's device: on the host only on the CPU")
+def test_positions_on_the_host_are_range_checked():
+    """CPU positions outside cos_sin_cache's rows raise before the launch, on a replayed plan as on
+    the first call (the kernel would read out of bounds)."""
+    q = torch.randn(3, 2 * 16).half()
+    cs = torch.randn(10, 16)
+    for _ in range(2):  # the second round replays the first good call's plan
+        T.rotary_embedding(torch.tensor([0, 3, 9]), q, None, cs, 16, True, hw="h200")
+        for pos, shown in (([0, 3, 10], r"positions\[2\] = 10"), ([0, -3, 2], r"positions\[1\] = -3")):
+            with pytest.raises(
+                ValueError, match=rf"rotary_embedding: {shown} is not a row of cos_sin_cache \(0 to 9\)"
+            ):
+                T.rotary_embedding(torch.tensor(pos), q, None, cs, 16, True, hw="h200")

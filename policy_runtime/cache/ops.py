@@ -107,6 +107,8 @@ class CacheKernels:
             ),
         )
         if plan is not None and plan is not NO_PLAN:
+            if slot_mapping.is_cpu:
+                _check_slots_on_host(slot_mapping, key_cache.shape[0], key_cache.shape[1])
             with on_device(key):
                 plan.launch((key, value, key_cache, value_cache, slot_mapping, _unused_scale(key.device)))
             return None
@@ -173,6 +175,8 @@ class CacheKernels:
         if fp8 and target in self.unserved:
             raise unserved_error(op, target, self.unserved[target], "specs/kernels/cache.toml's cache_launch_fp8",
                                  list(self.launch[kname]))
+        if slot_mapping.is_cpu:
+            _check_slots_on_host(slot_mapping, nb, bs)
         if T == 0 or nb == 0:
             return
         if slot_mapping.stride(0) != 1:
@@ -204,6 +208,8 @@ class CacheKernels:
             lambda: (id(self), hw, len(key_caches), _caches_key(key_caches, value_caches), tensor_key(block_mapping)),
         )
         if plan is not None and plan is not NO_PLAN:
+            if block_mapping.is_cpu and anchor is not block_mapping:
+                _check_blocks_on_host(block_mapping, anchor.shape[0])
             with on_device(anchor):
                 plan.launch((anchor, plan.data, block_mapping))
             return None
@@ -249,6 +255,8 @@ class CacheKernels:
             raise ValueError(f"{op}: cache {tuple(shape)} has overlapping blocks (strides {strides})")
         target = self.target_name(hw, c0.device)
         n = block_mapping.shape[0]
+        if block_mapping.is_cpu:
+            _check_blocks_on_host(block_mapping, shape[0])
         if n == 0 or block_numel == 0:
             return
         if block_mapping.get_device() != dev:
@@ -323,6 +331,33 @@ def _check_mapping(op: str, block_mapping: torch.Tensor) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # reshape_and_cache (flash layout [num_blocks, block_size, kv_heads, head_size])
+
+
+def _check_blocks_on_host(block_mapping: torch.Tensor, num_blocks: int) -> None:
+    # A mapping on the host (a CPU tensor, copied to the caches' device after): each id a block
+    # of the caches.  A mapping on the GPU is not checked (a device sync); an id past the caches
+    # is an out-of-bounds copy there, as in vLLM.
+    bad = ((block_mapping < 0) | (block_mapping >= num_blocks)).nonzero()
+    if bad.shape[0]:
+        i = int(bad[0, 0])
+        src, dst = (int(v) for v in block_mapping[i])
+        raise ValueError(
+            f"copy_blocks: block_mapping[{i}] = ({src}, {dst}) names a block the caches do not have "
+            f"(0 to {num_blocks - 1})"
+        )
+
+
+def _check_slots_on_host(slot_mapping: torch.Tensor, num_blocks: int, block_size: int) -> None:
+    # Slots already on the host (CPU tensors, the interpreter's): each negative (skipped) or a slot
+    # of the cache.  On a GPU this would take a device sync; there a slot past the cache is an
+    # out-of-bounds write, as in vLLM.
+    bad = (slot_mapping >= num_blocks * block_size).nonzero()
+    if bad.shape[0]:
+        t = int(bad[0, 0])
+        raise ValueError(
+            f"reshape_and_cache: slot_mapping[{t}] = {int(slot_mapping[t])} is past the cache's "
+            f"{num_blocks * block_size} slots ({num_blocks} blocks of {block_size}); a negative slot skips the token"
+        )
 
 
 @triton.jit(do_not_specialize=["n_tokens"])

@@ -6,8 +6,9 @@ specs by the compiler) and its ``target_name``, and its public functions (which 
 semantics) call the methods of that object.  Nothing here varies with the specs.
 
 Inputs are fp16, bf16 or fp32.  Arithmetic is fp32 with one rounding at the output.  Bad shapes,
-strides or devices raise ValueError, bad dtypes TypeError.  Indices (positions) are not
-range-checked: that would need a device sync (vLLM does not check them either).
+strides or devices raise ValueError, bad dtypes TypeError.  Indices (positions) are
+range-checked only where they are on the host (CPU tensors): on a GPU that would need a device
+sync (vLLM does not check them either).
 
 Launch rule (CCCL's transform policy): a program loads about ``tile_bytes`` (rows or heads
 packed), then the tile is halved until the grid has ``min_programs`` programs or each thread
@@ -256,6 +257,8 @@ class TransformKernels:
             ),
         )
         if plan is not None and plan is not NO_PLAN:
+            if positions.is_cpu:
+                _check_positions_on_host(positions, cos_sin_cache.shape[0])
             with on_device(query):
                 plan.launch((positions, query, key, cos_sin_cache))
             return query, key
@@ -309,6 +312,8 @@ class TransformKernels:
         if T > 1 and positions.stride(0) != 1:
             positions = positions.contiguous()
         check_device(op, "cos_sin_cache", cos_sin_cache, dev, "query")
+        if positions.is_cpu:
+            _check_positions_on_host(positions, cos_sin_cache.shape[0])
         nk, ks, khs = 0, qs, qhs
         if key is not None:
             if key.dtype != query.dtype:
@@ -335,6 +340,18 @@ class TransformKernels:
             args = (positions, query, k_t, cos_sin_cache, qs, ks, cos_sin_cache.stride(0))
             run_plan(plan, query, args + (nq, nk, nqb, nhb, qhs, khs))
         return query, key
+
+
+def _check_positions_on_host(positions: torch.Tensor, max_position: int) -> None:
+    # Positions already on the host (CPU tensors, the interpreter's): each a row of cos_sin_cache.
+    # On a GPU this would take a device sync; there a position past it is an out-of-bounds read.
+    bad = ((positions < 0) | (positions >= max_position)).nonzero()
+    if bad.shape[0]:
+        t = int(bad[0, 0])
+        raise ValueError(
+            f"rotary_embedding: positions[{t}] = {int(positions[t])} is not a row of cos_sin_cache "
+            f"(0 to {max_position - 1})"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
