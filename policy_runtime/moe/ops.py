@@ -1013,7 +1013,7 @@ def check_routing_on_host(op: str, topk_ids: torch.Tensor, experts: int, expert_
     w1 and w2, or with ``expert_map`` one of its global experts, and each map entry a local expert
     or -1.  On a GPU this would take a device sync, so there an id out of range is not checked
     (the grouped kernels skip it, the small-T kernels read out of bounds), as vLLM's."""
-    if topk_ids.device.type != "cpu" or topk_ids.numel() == 0:
+    if not topk_ids.is_cpu or topk_ids.numel() == 0:
         return
     n = experts if expert_map is None else expert_map.shape[0]
     bad = ((topk_ids < 0) | (topk_ids >= n)).nonzero()
@@ -1021,7 +1021,7 @@ def check_routing_on_host(op: str, topk_ids: torch.Tensor, experts: int, expert_
         t, j = bad[0].tolist()
         whose = "expert_map's global experts" if expert_map is not None else "the experts of w1 and w2"
         fail(op, f"topk_ids[{t}, {j}] = {int(topk_ids[t, j])} is not one of {whose} (0 to {n - 1})")
-    if expert_map is not None and expert_map.device.type == "cpu":
+    if expert_map is not None and expert_map.is_cpu:
         bad = ((expert_map < -1) | (expert_map >= experts)).nonzero()
         if bad.shape[0]:
             g = int(bad[0, 0])
