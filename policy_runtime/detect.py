@@ -278,10 +278,11 @@ class Detector:
                 )
             vendor = self.vendor_from_name(name)
             if vendor is None:
-                raise RuntimeError(f"detect_hardware(): {tried}, and no vendor's name_words are in it")
+                raise RuntimeError(f"detect_hardware(): {tried}, and no vendor's name_words are in it{_NO_SPEC}")
         if vendor not in self.vendors or not any(v == vendor for v, _ in self.by_arch):
             raise RuntimeError(
                 f"detect_hardware(): {tried}, and it has unknown vendor {vendor!r}; specs exist for {known}"
+                f"{_NO_SPEC}"
             )
         info = self.vendors[vendor]
         arch = arch_number(info, capability, arch_name)
@@ -304,6 +305,7 @@ class Detector:
             archs = ", ".join(str(a) for (v, a) in sorted(self.by_arch) if v == vendor)
             raise RuntimeError(
                 f"detect_hardware(): {tried}, and {vendor} arch {arch} is below every {vendor} spec ({archs})"
+                f"{_NO_SPEC}"
             )
         chosen = self.by_arch[(vendor, max(lower))]
         warnings.warn(
@@ -314,6 +316,13 @@ class Detector:
             stacklevel=_user_stacklevel(self.module),
         )
         return chosen
+
+
+# What a user whose device has no spec can do, ending each such error.
+_NO_SPEC = (
+    ".  Add a spec for this part (specs/hardware/<name>.toml, then `python -m codegen build`), or "
+    "pass hw='<spec name>' to run another part's policies"
+)
 
 
 def _device_available() -> bool:
