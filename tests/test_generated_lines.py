@@ -40,3 +40,26 @@ def test_long_comments_and_docstrings_are_wrapped_and_code_is_not():
     # The words are the same, and it is valid Python that black leaves as it is.
     assert " ".join("\n".join(out).split()).replace("# ", "") == " ".join(source.split()).replace("# ", "")
     assert format_python("\n".join(out), "t.py") == "\n".join(out)
+
+
+def test_every_public_function_of_a_generated_module_is_annotated():
+    """Each function a generated module exports names the type of every parameter and of its
+    result, and the names resolve (``typing.get_type_hints``, as an IDE or a checker reads them)."""
+    import importlib
+    import inspect
+    import typing
+
+    import generated
+
+    missing = []
+    for name in generated.KERNEL_MODULES:
+        module = importlib.import_module(f"generated.{name}")
+        for export in module.__all__:
+            fn = getattr(module, export)
+            if not inspect.isfunction(fn):
+                continue
+            hints = typing.get_type_hints(fn)
+            params = [p for p in inspect.signature(fn).parameters if p not in hints]
+            if params or "return" not in hints:
+                missing.append(f"{name}.{export}: {params}{'' if 'return' in hints else ' and the result'}")
+    assert missing == [], "not annotated: " + "; ".join(missing)
