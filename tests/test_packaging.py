@@ -71,6 +71,8 @@ def installed(tmp_path_factory):
         assert f"{package}/__init__.py" in names, f"{package} is not in the wheel"
     for source in sorted((REPO / "codegen").rglob("*.py")) + sorted((REPO / "policy_runtime").rglob("*.py")):
         assert source.relative_to(REPO).as_posix() in names, source
+    # PEP 561's marker: type checkers read the runtime's annotations from the installed package.
+    assert "policy_runtime/py.typed" in names, "policy_runtime/py.typed is not in the wheel"
     for template in sorted((REPO / "templates").iterdir()):
         if template.suffix in (".j2", ".py"):
             assert f"codegen_templates/{template.name}" in names, template.name
