@@ -244,7 +244,7 @@ def _outputs(op: _Op) -> Optional[list]:
 def _named_products(op: _Op, where: dict) -> bool:
     # Did the op make only tensors the entry names (which it makes itself on a hit)?
     outs = _outputs(op)
-    return bool(outs) and all(id(t) in where for t in outs)
+    return outs is not None and bool(outs) and all(id(t) in where for t in outs)
 
 
 # Allocations a plan replays from a template (commit): fn -> fn_like.
@@ -327,7 +327,8 @@ class CallCache:
             entry, grid, args, kwargs, dev = launch
             if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
                 return self._none(key)
-            consts, picks = [], []
+            consts: list = []
+            picks: list[int] = []
             for v in args:
                 if isinstance(v, torch.Tensor) and not (held and id(v) not in where):
                     i = where.get(id(v))
@@ -355,7 +356,7 @@ class CallCache:
         n = len(tensors)
         consts: list = []
         made: dict[int, tuple] = {}  # id of a product (alive in rec) -> its reference
-        raw = []
+        raw: list[tuple] = []
 
         def ref(v: Any) -> Any:
             r = made.get(id(v))  # a product of an op (a tensor, or a descriptor over one)
@@ -421,8 +422,10 @@ class CallCache:
         self._put(key, plan)
         return plan
 
-    def _none(self, key: Any) -> None:
+    def _none(self, key: Any) -> Optional[Plan]:
+        # No plan for ``key``: remembered as NO_PLAN (its full path runs, unrecorded).
         self._put(key, NO_PLAN)
+        return None
 
     def _put(self, key: Any, plan: Plan) -> None:
         if len(self.plans) >= LIMIT:

@@ -15,6 +15,7 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Mapping, Optional, Union
 
 __all__ = ["Detector", "Vendor", "arch_number"]
@@ -54,7 +55,8 @@ def arch_number(vendor: Vendor, capability: Optional[tuple[int, int]], arch_name
 
 def _user_stacklevel(module: str) -> int:
     """A warnings stacklevel pointing at the first frame outside the detection modules."""
-    frame, level = sys._getframe(1), 1
+    frame: Optional[FrameType] = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__") in (module, __name__):
         frame, level = frame.f_back, level + 1
     return level
@@ -71,7 +73,7 @@ class Detector:
         by_arch: Mapping[tuple[str, int], str],
         vendors: Mapping[str, Vendor],
         spec_files: Mapping[str, str],
-        record_type: type,
+        record_type: type[Any],
         module: str,
         default_target: Optional[str] = None,
         env_var: Optional[str] = None,

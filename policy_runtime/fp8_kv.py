@@ -13,7 +13,7 @@ kernel (no device sync, CUDA-graph safe), so its value is checked only where it 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Literal, Optional, overload
 
 import torch
 import triton
@@ -73,6 +73,16 @@ def kv_scale(op: str, name: str, value: Any, device: torch.device) -> torch.Tens
             _SCALES.clear()
         t = _SCALES[key] = torch.full((1,), s, dtype=torch.float32, device=device)
     return t
+
+
+@overload
+def kv_scales(op: str, fp8: Literal[True], k_scale: Any, v_scale: Any, device: torch.device,
+              fp8_means: str = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def kv_scales(op: str, fp8: bool, k_scale: Any, v_scale: Any, device: torch.device,
+              fp8_means: str = ...) -> Optional[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 def kv_scales(op: str, fp8: bool, k_scale: Any, v_scale: Any, device: torch.device,

@@ -1352,9 +1352,9 @@ def _decode_hit(plan, query, key_cache, value_cache, block_tables, seq_lens, ali
     parts = c.parts
     if parts > 1:
         spans = seq_lens.clamp(max=c.win_len) if c.win_len is not None else None
+        S, H, D = c.shape[0], c.shape[1], c.shape[2]
         tensors = (query, key_cache, value_cache, block_tables, seq_lens, out,
-                   *_v2_workspace(*c.shape[:2], parts, c.shape[2], query.device), spans, alibi, sinks, ks, vs,
-                   c.dummy)  # fmt: skip
+                   *_v2_workspace(S, H, parts, D, query.device), spans, alibi, sinks, ks, vs, c.dummy)  # fmt: skip
     else:
         tensors = (query, key_cache, value_cache, block_tables, seq_lens, out, None, None, None, None, alibi, sinks,
                    ks, vs, c.dummy)  # fmt: skip

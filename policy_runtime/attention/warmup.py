@@ -53,7 +53,8 @@ def attention_feature_sets(dims: dict) -> list[tuple[str, dict]]:
 
 def _attention_kwargs(items: tuple, heads: int, device: torch.device) -> dict:
     # A call's feature set (its sorted items, hashable) as keyword arguments with tensors.
-    feat, out = dict(items), {}
+    feat = dict(items)
+    out: dict[str, Any] = {}
     if "window" in feat:
         out["window_size"] = (feat["window"] - 1, 0)  # a model's sliding_window W: flash-attn's (W - 1, 0)
     if "softcap" in feat:
@@ -139,7 +140,7 @@ class AttentionDriver:
                         for causal in (True, False):
                             what = ("prefill", model, dtype, "causal" if causal else "full", sel.prefill.name, label,
                                     self.describe_class(layout, c))  # fmt: skip
-                            args = (opts.target, dtype, tokens, nq, nk, hd, causal, items, layout)
+                            args: tuple[Any, ...] = (opts.target, dtype, tokens, nq, nk, hd, causal, items, layout)
                             calls.append(Call(self.module, "prefill", args, what, 3))
                     # A context past v1_v2_threshold (and not past the PyTorch path's threshold, where
                     # the lengths would go to the host): the decode kernel and the merge, one launch

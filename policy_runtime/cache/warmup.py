@@ -15,7 +15,7 @@ int32 compiles on first use.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -42,7 +42,7 @@ class CacheDriver:
     def write_classes(nq: int, kvh: int, hd: int, bs: int) -> list[tuple[tuple[str, str], tuple]]:
         """((key/value layout, cache layout), class) of reshape_and_cache: the classes of the key's
         and value's row stride and of the caches' block stride; one pair of layouts per class."""
-        out = []
+        out: list[tuple[tuple[str, str], tuple]] = []
         for kv in KV_LAYOUTS:
             rows = kvh * hd if kv == "packed" else (nq + 2 * kvh) * hd
             for caches in CACHE_LAYOUTS:
@@ -56,14 +56,14 @@ class CacheDriver:
         launch, bs = self.kernels.launch, opts.block_size
         for model, dims in opts.models.items():
             hd, kvh = dims.get("head_dim"), dims.get("num_kv_heads")
-            nq = dims.get("num_heads") or kvh
-            if not (hd and kvh):
+            if not hd or not kvh:
                 continue
+            nq = dims.get("num_heads") or kvh
             for dtype in opts.dtypes:
                 esize = torch_dtype(dtype).itemsize
                 # copy_blocks: every cache 16-byte aligned (UNIT 16 bytes); its plan reads pairs
                 # times caches, so one layer's two caches and every pair count cover any layers.
-                planners = (
+                planners: tuple[tuple[str, Callable[..., Any], tuple], ...] = (
                     ("reshape_and_cache", _cache.plan_reshape_and_cache, (kvh * hd, hd, esize)),
                     ("copy_blocks", _cache.plan_copy_blocks, (2, bs * kvh * hd, max(1, 16 // esize), esize)),
                 )

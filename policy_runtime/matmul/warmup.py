@@ -36,7 +36,7 @@ class MatmulDriver:
     # block_k and not.
     DIMS = sorted({1} | {16 * 2**j for j in range(12)} | {48 * 2**j for j in range(10)})
     MS = sorted({m for j in range(17) for m in (2**j - 1, 2**j, 2**j + 1, 3 * 2**j)} - {0})
-    OFFSETS = (0, 1, 4, 8, 16)
+    OFFSETS: tuple[int, ...] = (0, 1, 4, 8, 16)
     # How many of a bucket's smallest shapes are moved by OFFSETS in the search.
     NEAREST = 200
     LAYOUTS = ("b row-major", "b = w.t()")
@@ -59,7 +59,7 @@ class MatmulDriver:
         argument is 1 or not) and, where N or K is 1, M's class (an (M, 1) operand's descriptor
         takes M as its leading stride); with the layout, what decides the launch's specialization
         (pointers are torch's, 16-byte aligned)."""
-        tma = ()
+        tma: tuple = ()
         if v.kind == "tma_persistent":
             tma = (_mm_splits(v, _launch.cdiv(M, v.block_m) * _launch.cdiv(N, v.block_n)) == 1,)
             if N == 1 or K == 1:
@@ -75,7 +75,8 @@ class MatmulDriver:
 
     def __init__(self, module: str, mm: Any) -> None:
         self.module, self.mm = module, mm
-        self._shapes: dict[tuple, dict[int, tuple]] = {}
+        # (variant, target, pick) -> {(bucket index, argument class): (M, N, K)}
+        self._shapes: dict[tuple, dict[tuple[int, tuple], tuple]] = {}
 
     def calls(self, opts: Options) -> tuple[list[Call], list[str]]:
         calls, notes = [], []

@@ -693,7 +693,7 @@ def check_moe_scales(
     w1s = _scale_tensor(op, "w1_scale", w1_scale, device)
     w2s = _scale_tensor(op, "w2_scale", w2_scale, device)
     named = (("w1_scale", w1s, 2 * inter, H), ("w2_scale", w2s, H, inter))
-    strides = []
+    strides: list[Any] = []  # each a (expert, n, k) stride triple
     for name, s, n, k in named:
         if blocked:
             want = (E, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK))
@@ -707,7 +707,7 @@ def check_moe_scales(
                 fail(op, f"{name} must be ({E},), one scale per expert (per-tensor scaling; block_shape "
                           f"[{SCALE_BLOCK}, {SCALE_BLOCK}] for block scales), got {tuple(s.shape)}")  # fmt: skip
             strides.append((s.stride(0) if E > 1 else 0, 0, 0))
-    acts = []
+    acts: list[Optional[torch.Tensor]] = []
     for name, s in (("a1_scale", a1_scale), ("a2_scale", a2_scale)):
         if s is None:
             acts.append(None)
@@ -829,6 +829,8 @@ class Fp8Variant(KernelPair):
         # Rows of other ranks' experts are never written by the grouped up GEMM; where a pass
         # quantizes every row after it, they start at zero (never read either way).
         alloc = torch.zeros if ep and not simt else torch.empty
+        hs_arg: Optional[torch.Tensor]  # the intermediate's scale, as the down GEMM reads it
+        amax_arg: Optional[torch.Tensor]  # where the up GEMM's epilogue gathers the amax
         if scales.scaling == TENSOR and scales.a2 is not None:
             out_mode, h = OUT_STATIC, step(torch.empty, (numel, inter), dtype=FP8, device=dev)
             hs_arg = amax_arg = scales.a2
@@ -997,8 +999,9 @@ class MoEFp8(PolicyTables):
             )
         if key is None or plan is NO_PLAN or grad_needed(x, topk_weights, out, w1_scale, w2_scale, a1_scale, a2_scale):
             return self._fused_moe_fp8(*args)
+        named: list = []
         with _FP8_CALLS.record() as rec:
-            result = self._fused_moe_fp8(*args, named := [])
+            result = self._fused_moe_fp8(*args, named)
         _FP8_CALLS.commit(rec, key, tuple(named))
         return result
 

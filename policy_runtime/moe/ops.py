@@ -819,20 +819,20 @@ class Variant(KernelPair):
             # kernel waits on the device for the kernel before it (the router) and releases the
             # down kernel as it starts; the down kernel loads its first weights, then waits for the
             # up kernel.  Each launch returns at once; nothing syncs with the host.
-            chain: dict[str, Any] = {"EP": ep}
+            link: dict[str, Any] = {"EP": ep}
             down_last: dict[str, Any] = {"EVEN_K": inter % self.down_block_k == 0}
             if simt:
-                chain = dict(EP=ep, **(_launch.Chain(x).link() if self.chained else {"PDL": False}))
+                link = dict(EP=ep, **(_launch.Chain(x).link() if self.chained else {"PDL": False}))
                 down_last = {"KB": _launch.pow2ceil(k)}
             _launch.launch_kernel(
                 self.up, (numel, _launch.cdiv(inter, self.block_n)),
                 x, w1, h, ids, inter, H, k, x.stride(0), x.stride(1), *w1.stride(), *h.stride(),
-                act, H % self.block_k == 0, **chain, **opts,
+                act, H % self.block_k == 0, **link, **opts,
             )  # fmt: skip
             _launch.launch_kernel(
                 self.down, (T, _launch.cdiv(H, self.down_block_n)),
                 h, w2, out, weights, ids, H, inter, k, *h.stride(), *w2.stride(), *out.stride(),
-                **down_last, **chain, **down_opts,
+                **down_last, **link, **down_opts,
             )  # fmt: skip
             return
         # The alignment, the GEMMs and the reduce are links of one chain of programmatic dependent
@@ -1106,8 +1106,9 @@ def moe_align_block_size(
         return sorted_ids, expert_ids, post_pad
     if key is None or plan is NO_PLAN:
         return _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map)
+    named: list = []
     with _ALIGN_CALLS.record() as rec:
-        result = _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map, named := [])
+        result = _moe_align_block_size(topk_ids, block_size_m, num_experts, expert_map, named)
     if named:
         ids, (sorted_ids, _, post_pad) = named[0], result
         counts, expert_ids = named[1], named[2]
@@ -1202,9 +1203,10 @@ def _route(
         return weights, ids
     if key is None or plan is NO_PLAN:
         return _route_full(op, gating_logits, k, renormalize, scoring, bias, groups, topk_group, scale, None)
+    named: list = []
     with _ROUTE_CALLS.record() as rec:
         weights, ids = _route_full(op, gating_logits, k, renormalize, scoring, bias, groups, topk_group, scale,
-                                   named := [])  # fmt: skip
+                                   named)  # fmt: skip
     _ROUTE_CALLS.commit(rec, key, (gating_logits, weights, ids, named[0] if named else None),
                         data=(template(weights), template(ids)))  # fmt: skip
     return weights, ids
@@ -1344,9 +1346,10 @@ class MoE(PolicyTables):
             return replay_routed("fused_moe", plan, x, w1, w2, topk_weights, topk_ids, out, expert_map, ())
         if key is None or plan is NO_PLAN or grad_needed(x, w1, w2, topk_weights, out):
             return self._fused_moe(x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map)
+        named: list = []
         with _FUSED_CALLS.record() as rec:
             result = self._fused_moe(x, w1, w2, topk_weights, topk_ids, activation, out, hw, variant, expert_map,
-                                     named := [])  # fmt: skip
+                                     named)  # fmt: skip
         _FUSED_CALLS.commit(rec, key, tuple(named))
         return result
 

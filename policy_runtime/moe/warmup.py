@@ -53,7 +53,7 @@ class MoEDriver:
                 buckets, select = self.moe.policies[self.moe.variant_of_dtype[torch_dtype(dtype)]][opts.target]
                 # The buckets this model's expert shape reaches (a bucket for another shape is
                 # another model's to compile).
-                counts = bucket_counts(lambda t, inter=inter: select(t, inter), buckets, opts)
+                counts = bucket_counts(lambda t: select(t, inter), buckets, opts)  # called here: no late binding
                 # The model's activation, or (a model that names none) every one fused_moe has.
                 acts = [dims["moe_activation"]] if dims.get("moe_activation") else list(_MOE_ACTIVATIONS)
                 for i, b in enumerate(buckets):
@@ -64,8 +64,8 @@ class MoEDriver:
                         )
                         continue
                     for act in acts:
-                        what = ("fused_moe", model, dtype, b.name, b.variant.name, act)
-                        args = (opts.target, dtype, counts[i], E, k, inter, hidden, act)
+                        what: tuple[Any, ...] = ("fused_moe", model, dtype, b.name, b.variant.name, act)
+                        args: tuple[Any, ...] = (opts.target, dtype, counts[i], E, k, inter, hidden, act)
                         calls.append(Call(self.module, "fused_moe", args, what, 3))
                 calls += self._fp8_calls(opts, model, dtype, inter, acts, notes)
             # The routers' logits: each dtype asked, and float32 (once).

@@ -44,7 +44,7 @@ class ScaledMmDriver:
 
     def __init__(self, module: str, smm: Any) -> None:
         self.module, self.smm = module, smm
-        self._shapes: dict[tuple, dict[int, tuple]] = {}
+        self._shapes: dict[tuple, dict[tuple[int, tuple], tuple]] = {}  # as MatmulDriver's
 
     def calls(self, opts: Options) -> tuple[list[Call], list[str]]:
         calls: list[Call] = []

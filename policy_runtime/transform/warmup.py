@@ -17,7 +17,7 @@ tensor compile on first use where their stride's class differs from the row leng
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -46,7 +46,7 @@ class TransformDriver:
     gated activations and rotary_embedding over token counts, per model, dtype and (rotary)
     class of layout (``rope_classes``)."""
 
-    PLANNERS = {
+    PLANNERS: dict[str, Callable[..., Any]] = {
         "rms_norm": _transform.plan_rms_norm,
         "silu_and_mul": _transform.plan_silu_and_mul,
         "rotary_embedding": _transform.plan_rotary_embedding,

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 
@@ -63,8 +63,9 @@ class Options:
 
     target: str
     dtypes: tuple[str, ...]
-    # Model name -> its dimensions (generated.dispatch.MODEL_DIMS), for the models asked.
-    models: dict[str, dict[str, int]] = field(hash=False)
+    # Model name -> its dimensions and features (generated.dispatch.MODEL_DIMS: ints, and words
+    # such as moe_activation), for the models asked.
+    models: dict[str, dict[str, Any]] = field(hash=False)
     block_size: int = DEFAULT_BLOCK_SIZE
     max_tokens: int = DEFAULT_MAX_TOKENS
     # "first": each representative call's smallest shape; "other": another shape of the same
@@ -192,9 +193,10 @@ def _store_key(planner: Callable[..., Any], rest: tuple, max_tokens: int) -> Opt
 
 
 def _stored(key: Optional[str]) -> Optional[tuple]:
-    if key is None:
+    where = plan_cache_dir()
+    if key is None or where is None:
         return None
-    path = plan_cache_dir() / "plans" / f"{key}.pickle"
+    path = where / "plans" / f"{key}.pickle"
     try:
         found = pickle.loads(path.read_bytes())
     except Exception:  # absent, or unreadable: searched again
@@ -203,9 +205,10 @@ def _stored(key: Optional[str]) -> Optional[tuple]:
 
 
 def _store(key: Optional[str], pieces: tuple) -> None:
-    if key is None:
+    where = plan_cache_dir()
+    if key is None or where is None:
         return
-    folder = plan_cache_dir() / "plans"
+    folder = where / "plans"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".tmp") as f:
@@ -253,9 +256,12 @@ def int_class(v: int) -> str:
     return "16n" if v % 16 == 0 else "n"
 
 
-def first_of_each_class(candidates: Sequence[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+_Name = TypeVar("_Name")
+
+
+def first_of_each_class(candidates: Sequence[tuple[_Name, tuple]]) -> list[tuple[_Name, tuple]]:
     """(name, class) candidates, smallest first: the first of each distinct class, in order."""
-    seen: dict[tuple, str] = {}
+    seen: dict[tuple, _Name] = {}
     for name, cls in candidates:
         seen.setdefault(cls, name)
     return [(name, cls) for cls, name in seen.items()]

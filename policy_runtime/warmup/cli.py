@@ -67,7 +67,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Any = None, err: Any = None)
     if args.hw is not None and args.hw not in dispatch.HARDWARE:
         return usage(f"unknown --hw {args.hw!r}; known: {', '.join(sorted(dispatch.HARDWARE))}")
     modules = [f"{args.package}.{m}" for m in names]
-    options = dict(dtypes=_split_list(args.dtypes), models=_split_list(args.models))
+    options: dict[str, Any] = dict(dtypes=_split_list(args.dtypes), models=_split_list(args.models))
     options.update(block_size=args.block_size, max_tokens=args.max_tokens)
     try:
         if args.plan:
