@@ -324,19 +324,32 @@ def test_swap_blocks_errors():
 
 
 def test_block_ids_on_the_host_are_range_checked():
-    """A block_mapping on the host (a CPU tensor; copied to a GPU's caches after) is checked before
-    the launch, on a replayed plan as on the first call: in the interpreter a block past the
-    caches was copied out of bounds and the process died (free(): invalid pointer)."""
+    """A block_mapping on the host (a CPU tensor; copy_blocks copies it to a GPU's caches after,
+    swap_blocks takes only those) is checked before any copy, on copy_blocks' replayed plan as on
+    its first call: in the interpreter a block past the caches was copied out of bounds and the
+    process died (free(): invalid pointer); swap_blocks raised torch's IndexError."""
     a = ones(4, 2, 8, dtype=torch.float16)
     b = a.clone()
     for _ in range(2):  # the second round replays the first good call's plan
         C.copy_blocks([a], [b], torch.tensor([[0, 1]]), hw="h200")
-        for mapping, shown in (([[0, 4]], r"\(0, 4\)"), ([[-1, 2]], r"\(-1, 2\)")):
+        for mapping, shown, which in (([[0, 4]], r"\(0, 4\)", "destination"), ([[-1, 2]], r"\(-1, 2\)", "source")):
             with pytest.raises(
                 ValueError,
-                match=rf"copy_blocks: block_mapping\[0\] = {shown} names a block the caches do not have \(0 to 3\)",
+                match=rf"copy_blocks: block_mapping\[0\] = {shown} names a {which} block the caches do "
+                r"not have \(0 to 3\)",
             ):
                 C.copy_blocks([a], [b], torch.tensor(mapping), hw="h200")
+    # swap_blocks: source and destination caches of their own block counts (src 4, dst 6).
+    dst = torch.zeros(6, 2, 8, dtype=torch.float16)
+    C.swap_blocks(a, dst, torch.tensor([[3, 5]]))
+    for mapping, row, which, last in (
+        ([[0, 1], [4, 0]], r"1\] = \(4, 0\)", "source", 3),
+        ([[0, 6]], r"0\] = \(0, 6\)", "destination", 5),
+    ):
+        with pytest.raises(
+            ValueError, match=rf"swap_blocks: block_mapping\[{row} names a {which} block .* \(0 to {last}\)"
+        ):
+            C.swap_blocks(a, dst, torch.tensor(mapping))
 
 
 @pytest.mark.skipif(GPU, reason="slot_mapping must be on key's device: on the host only on the CPU")

@@ -209,7 +209,7 @@ class CacheKernels:
         )
         if plan is not None and plan is not NO_PLAN:
             if block_mapping.is_cpu and anchor is not block_mapping:
-                _check_blocks_on_host(block_mapping, anchor.shape[0])
+                _check_blocks_on_host("copy_blocks", block_mapping, anchor.shape[0], anchor.shape[0])
             with on_device(anchor):
                 plan.launch((anchor, plan.data, block_mapping))
             return None
@@ -256,7 +256,7 @@ class CacheKernels:
         target = self.target_name(hw, c0.device)
         n = block_mapping.shape[0]
         if block_mapping.is_cpu:
-            _check_blocks_on_host(block_mapping, shape[0])
+            _check_blocks_on_host(op, block_mapping, shape[0], shape[0])
         if n == 0 or block_numel == 0:
             return
         if block_mapping.get_device() != dev:
@@ -316,6 +316,7 @@ def swap_blocks(src, dst, block_mapping):
         raise ValueError(f"{op}: block_mapping must be on the CPU, got {block_mapping.device}")
     if block_mapping.shape[0] == 0:
         return
+    _check_blocks_on_host(op, block_mapping, src.shape[0], dst.shape[0])
     mapping = block_mapping.long()
     moved = src.index_select(0, mapping[:, 0].to(src.device)).to(dst.device)
     dst.index_copy_(0, mapping[:, 1].to(dst.device), moved)
@@ -329,22 +330,23 @@ def _check_mapping(op: str, block_mapping: torch.Tensor) -> None:
         )
 
 
+def _check_blocks_on_host(op: str, block_mapping: torch.Tensor, src_blocks: int, dst_blocks: int) -> None:
+    # A mapping on the host (a CPU tensor; copy_blocks copies it to the caches' device after):
+    # each row (src, dst) blocks the caches have.  A mapping on the GPU is not checked (a device
+    # sync); there an id past the caches is an out-of-bounds copy, as in vLLM.
+    bad = ((block_mapping < 0) | (block_mapping >= block_mapping.new_tensor([src_blocks, dst_blocks]))).nonzero()
+    if bad.shape[0]:
+        i, j = (int(v) for v in bad[0])
+        src, dst = (int(v) for v in block_mapping[i])
+        blocks = (src_blocks, dst_blocks)[j]
+        raise ValueError(
+            f"{op}: block_mapping[{i}] = ({src}, {dst}) names a {('source', 'destination')[j]} block "
+            f"the caches do not have (0 to {blocks - 1})"
+        )
+
+
 # ----------------------------------------------------------------------------------------------
 # reshape_and_cache (flash layout [num_blocks, block_size, kv_heads, head_size])
-
-
-def _check_blocks_on_host(block_mapping: torch.Tensor, num_blocks: int) -> None:
-    # A mapping on the host (a CPU tensor, copied to the caches' device after): each id a block
-    # of the caches.  A mapping on the GPU is not checked (a device sync); an id past the caches
-    # is an out-of-bounds copy there, as in vLLM.
-    bad = ((block_mapping < 0) | (block_mapping >= num_blocks)).nonzero()
-    if bad.shape[0]:
-        i = int(bad[0, 0])
-        src, dst = (int(v) for v in block_mapping[i])
-        raise ValueError(
-            f"copy_blocks: block_mapping[{i}] = ({src}, {dst}) names a block the caches do not have "
-            f"(0 to {num_blocks - 1})"
-        )
 
 
 def _check_slots_on_host(slot_mapping: torch.Tensor, num_blocks: int, block_size: int) -> None:
