@@ -4,6 +4,7 @@
 
     python3 bench/moe_fp8_tiles.py                                   # the wide sweep at 4096 tokens
     python3 bench/moe_fp8_tiles.py --set prefill --tokens 1024 2048 4096 --models qwen3_30b mixtral dsv3 dsv3_256
+    python3 bench/moe_fp8_tiles.py --set tma --tokens 4096 8192       # prefill_large's tile, weights by TMA
     python3 bench/moe_fp8_tiles.py --cpu-smoke --hw h200             # every record once in the interpreter
 
 Each record (a `moe_fp8_launch` grouped record, policy_runtime/moe/tune.py's ``fp8_variant``) runs
@@ -29,7 +30,7 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu-smoke", action="store_true", help="a tiny layer in the interpreter, each record once")
     p.add_argument("--hw", default=None, help="hardware spec name (default: detect the device)")
-    p.add_argument("--set", default="wide", choices=["wide", "prefill", "down"], help="the records to run")
+    p.add_argument("--set", default="wide", choices=["wide", "prefill", "down", "tma"], help="the records to run")
     p.add_argument("--models", nargs="+", default=None, help="models (default: qwen3_30b mixtral dsv3)")
     p.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts (default 4096)")
     return p.parse_args()
@@ -58,11 +59,11 @@ DEV = "cpu" if SMOKE else "cuda"
 DT = torch.float16 if SMOKE else torch.bfloat16
 
 
-def rec(bm, bn, warps, stages, group=16, down_bn=None, down_warps=None, down_stages=None, down_bk=128):
+def rec(bm, bn, warps, stages, group=16, down_bn=None, down_warps=None, down_stages=None, down_bk=128, tma=False):
     return dict(
         kernel="grouped", block_size_m=bm, block_size_n=bn, block_size_k=128, group_size_m=group, num_warps=warps,
         num_stages=stages, fuse_sum=False, down_block_size_n=down_bn or bn, down_block_size_k=down_bk,
-        down_num_warps=down_warps or warps, down_num_stages=down_stages or stages, down_split_k=1,
+        down_num_warps=down_warps or warps, down_num_stages=down_stages or stages, down_split_k=1, weights_tma=tma,
     )  # fmt: skip
 
 
@@ -92,6 +93,16 @@ RECORDS = {
         "down 128x128 w4 s3": rec(128, 128, 8, 3, down_warps=4),
         "down 128x128x64 w8 s5": rec(128, 128, 8, 3, down_stages=5, down_bk=64),
         "down 128x64 w4 s4": rec(128, 128, 8, 3, down_bn=64, down_warps=4, down_stages=4),
+    },
+    # prefill_large's tile with the weights read through TMA descriptors (its policy since the
+    # weights_tma field), against pointer loads, and the stages and down tiles the descriptors'
+    # smaller shared-memory footprint may now allow (not swept with them yet).
+    "tma": {
+        "128x128 w8 s3 pointers": rec(128, 128, 8, 3),
+        "128x128 w8 s3 tma": rec(128, 128, 8, 3, tma=True),
+        "128x128 w8 s4 tma": rec(128, 128, 8, 4, tma=True),
+        "up s4, down s3 tma": rec(128, 128, 8, 4, down_stages=3, tma=True),
+        "down 128x256 w8 s3 tma": rec(128, 128, 8, 3, down_bn=256, tma=True),
     },
 }
 

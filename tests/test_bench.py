@@ -395,13 +395,15 @@ def test_a_reader_that_closes_early_ends_the_run_quietly(script):
     assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
 
 
-def test_moe_fp8_tiles_smoke(bench):
-    """bench/moe_fp8_tiles.py runs each record of its prefill set with both scalings in the
-    interpreter, each agreeing with the policy's result (the script fails otherwise).  The wide set
-    goes through the same path; it is left out here for the suite's time."""
-    out = bench("moe_fp8_tiles.py", "--set", "prefill")
+@pytest.mark.parametrize("records, count", [("prefill", 3), ("tma", 5)])
+def test_moe_fp8_tiles_smoke(bench, records, count):
+    """bench/moe_fp8_tiles.py runs each record of a set with both scalings in the interpreter, each
+    agreeing with the policy's result (the script fails otherwise): the prefill tiles, and the tma
+    set's weights read through descriptors.  The wide and down sets go through the same path; they
+    are left out here for the suite's time."""
+    out = bench("moe_fp8_tiles.py", "--set", records)
     rows = [line for line in out.splitlines() if "rel diff vs policy" in line]
-    assert len(rows) == 6 and "FAILED" not in out, out
+    assert len(rows) == 2 * count and "FAILED" not in out, out
 
 
 def test_moe_fp8_bench_smoke(bench, tmp_path):
