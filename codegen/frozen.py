@@ -13,6 +13,8 @@ class FrozenMap(Mapping[K, V]):
     """An immutable, hashable mapping that keeps its insertion order."""
 
     __slots__ = ("_items", "_dict")
+    _items: tuple[tuple[K, V], ...]
+    _dict: dict[K, V]
 
     def __init__(self, items: Mapping[K, V] | Any = ()):
         pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)

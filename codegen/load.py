@@ -376,7 +376,7 @@ def _load_configs(
     entries,
     models: Mapping[str, Model],
     vendors: Mapping[str, Vendor],
-    hardware: Mapping[str, str],
+    hardware: Mapping[str, str | None],
     problems: list[SpecProblem],
 ) -> tuple[Config, ...]:
     tables: list[tuple[str, Source, dict[str, Any]]] = []
@@ -434,7 +434,7 @@ def _load_config(
     source: Source,
     models: Mapping[str, Model],
     vendors: Mapping[str, Vendor],
-    hardware: Mapping[str, str],
+    hardware: Mapping[str, str | None],
     problems: list[SpecProblem],
 ) -> Config | None:
     start = len(problems)

@@ -78,7 +78,7 @@ def load_policies(
     source: Source,
     parse_rule: ParseRule,
     vendors: Mapping[str, Any],
-    hardware: Mapping[str, str],
+    hardware: Mapping[str, str | None],
     problems: list[SpecProblem],
 ) -> tuple[tuple[Policy, ...], Policy | None]:
     """The config's policies, sorted by (vendor, min_arch, targets), and its base policy; each
@@ -507,10 +507,11 @@ def load_tune(
     ctx = _Ctx(config, record, fields, dims, source, parse_rule, {}, {}, problems)
     if dims is not None and spec.dims is not None:
         ctx.problem(path + ("dims",), f"a bucketed config's problems have its bucket dimensions ({', '.join(dims)})")
-    if dims is None and spec.dims is None:
-        ctx.problem(path, "a config that is not bucketed names its problem dimensions: dims = [...]")
-        return None
-    dims = dims if dims is not None else spec.dims
+    if dims is None:
+        if spec.dims is None:
+            ctx.problem(path, "a config that is not bucketed names its problem dimensions: dims = [...]")
+            return None
+        dims = spec.dims
     if spec.variant not in variants:
         ctx.problem(path + ("variant",), f"no such variant (variants: {', '.join(variants)})", value=spec.variant)
     for i, shape in enumerate(spec.shapes):

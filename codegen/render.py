@@ -23,7 +23,7 @@ import textwrap
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import jinja2
 
@@ -80,7 +80,7 @@ def black_mode() -> Any:
 def black_version() -> str:
     """The installed black's version without importing black: black ships it as a module of
     its own, which its ``__version__`` is imported from."""
-    from _black_version import version  # type: ignore[import-not-found]
+    from _black_version import version  # type: ignore[import-not-found, import-untyped]
 
     return str(version)
 
@@ -131,11 +131,22 @@ def _stamped(path: str, source: str, input_digest: str, template: str | None = N
     return head + b"\n" + stamp + b"\n" + body
 
 
+class OutputFile(Protocol):
+    """What write.plan reads of an output file: GeneratedFile's interface (schema.SchemaFile's too)."""
+
+    @property
+    def path(self) -> str: ...
+
+    def content(self) -> bytes: ...
+
+    def is_current(self, data: bytes) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Rendered:
-    """Generated files by path relative to generated/."""
+    """Output files by path relative to their folder (generated/, or schemas/)."""
 
-    files: Mapping[str, GeneratedFile]
+    files: Mapping[str, OutputFile]
 
 
 @dataclass(frozen=True)
@@ -391,7 +402,7 @@ def format_python(text: str, name: str, template: str | None = None) -> str:
         rule = f"renders generated/{name}, which is not valid Python: {first}"
         if line.isdigit() and 0 < int(line) <= len(lines := text.splitlines()):
             rule += f" (output line {line}: {lines[int(line) - 1].strip()[:80]!r})"
-        raise SpecErrors([TemplateProblem(template, None, rule)]) from None
+        raise SpecErrors([TemplateProblem(template, (), rule)]) from None
     return wrap_prose(formatted)
 
 

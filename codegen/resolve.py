@@ -253,16 +253,19 @@ def _resolve_one(
 ) -> Resolved | None:
     policy = policy if policy is not None else chain(cfg, hw)
     if policy is None:
+        # (threshold, policy) of the target's vendor: a vendor's policies all have a threshold.
         vendor_policies = [
-            p for p in cfg.policies if p.vendor == hw.spec.vendor and (p.targets is None or hw.name in p.targets)
+            (p.min_arch, p)
+            for p in cfg.policies
+            if p.vendor == hw.spec.vendor and p.min_arch is not None and (p.targets is None or hw.name in p.targets)
         ]
-        if vendor_policies and all(p.min_arch > hw.spec.arch for p in vendor_policies):  # type: ignore[operator]
+        if vendor_policies and all(arch > hw.spec.arch for arch, _ in vendor_policies):
             why = (
                 f"arch {hw.spec.arch} is below every {hw.spec.vendor} threshold "
-                f"({', '.join(str(p.min_arch) for p in vendor_policies)}) and there is no base policy"
+                f"({', '.join(str(arch) for arch, _ in vendor_policies)}) and there is no base policy"
             )
         elif vendor_policies:
-            capped = max((p for p in vendor_policies if p.min_arch <= hw.spec.arch), key=lambda p: p.min_arch)  # type: ignore[operator]
+            capped = max((ap for ap in vendor_policies if ap[0] <= hw.spec.arch), key=lambda ap: ap[0])[1]
             why = f"the chained policy {capped.label} stops at max_arch {capped.max_arch} and there is no base policy"
         else:
             why = f"no {hw.spec.vendor} policy and no base policy"

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import pydantic
 import pydantic_core
@@ -213,14 +213,16 @@ def _config(
 
 
 def _document(title: str, body: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    doc = {"$schema": DRAFT, "$comment": f"{MARKER}. DO NOT EDIT.", "title": title}
+    doc: dict[str, Any] = {"$schema": DRAFT, "$comment": f"{MARKER}. DO NOT EDIT.", "title": title}
     doc.update(body)
     if defs:
         doc["$defs"] = defs
     return doc
 
 
-def _kernel_file(title: str, configs: dict[str, tuple[dict[str, FieldInput] | None, tuple[str, ...] | None]]) -> dict:
+def _kernel_file(
+    title: str, configs: Mapping[str, tuple[dict[str, FieldInput] | None, tuple[str, ...] | None]]
+) -> dict:
     defs: dict[str, Any] = {}
     props = {}
     for name, (fields, dims) in configs.items():

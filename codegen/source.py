@@ -187,11 +187,11 @@ def key_lines(text: str) -> dict[tuple, int]:
             current = path
             locations.setdefault(current, lineno)
             continue
-        key = _KEY_RE.match(line)
-        if key:
-            full = current + tuple(_split_key(key.group(1)))
+        found = _KEY_RE.match(line)
+        if found:
+            full = current + tuple(_split_key(found.group(1)))
             locations.setdefault(full, lineno)
-            rest = line[key.end() :]
+            rest = line[found.end() :]
             for quote in ('"""', "'''"):
                 if rest.count(quote) % 2 == 1:
                     in_multiline = quote

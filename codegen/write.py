@@ -100,7 +100,7 @@ def _show(out_dir: Path, rel: str) -> str:
 
 def _existing(out_dir: Path) -> dict[str, Path]:
     """Files below out_dir, by path relative to it; dot-files (temporary files) are not listed."""
-    found = {}
+    found: dict[str, Path] = {}
     try:
         if not out_dir.is_dir():
             return found
@@ -223,9 +223,9 @@ def apply_all(plans: Sequence[Plan]) -> None:
             pending = None
     except BaseException as exc:  # also KeyboardInterrupt: put the folders back, then re-raise
         if pending is not None and (pending[0], pending[1]) not in done:
-            out_dir, change, tmp = pending
+            out_dir, change, step_tmp = pending
             # Did the step happen although it raised?  Its temporary file is gone / its target is.
-            if not os.path.lexists(tmp if tmp is not None else out_dir / change.path):
+            if not os.path.lexists(step_tmp if step_tmp is not None else out_dir / change.path):
                 done.append((out_dir, change))
         for tmp, _out_dir, _change in staged:
             _remove(tmp)

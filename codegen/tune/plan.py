@@ -253,13 +253,13 @@ def plan(
     assert policy is not None  # resolve() passed for the tree
     dims = cfg.dims if cfg.dims is not None else tune.spec.dims
     assert dims is not None  # load_tune checked
-    shapes = [tuple(s) for s in (shapes if shapes is not None else tune.spec.shapes)]
-    for s in shapes:
+    problems = [tuple(s) for s in (shapes if shapes is not None else tune.spec.shapes)]
+    for s in problems:
         if len(s) != len(dims):
             raise PlanError(f"shape {'x'.join(map(str, s))}: give one value per dimension ({', '.join(dims)})")
     slots = _slots(policy)
     by_bucket: dict[str, list[tuple[int, ...]]] = {}
-    for s in shapes:
+    for s in problems:
         slot = next(sl for sl in slots if in_bucket(sl.bounds, dims, s))
         if s not in by_bucket.setdefault(slot.name, []):
             by_bucket[slot.name].append(s)
@@ -293,7 +293,7 @@ def plan(
             if value is None:
                 raise PlanError(f"model {name} has no {field}, which {config}'s tune hands its harness")
             params[field] = value
-    core = dict(
+    core: dict[str, Any] = dict(
         config=config,
         target=target,
         variant=spec.variant,
@@ -385,7 +385,7 @@ class _Slot:
         """The policy with ``values`` in this slot; of a bucketed policy, only this bucket (each
         bucket's record is resolved and checked on its own, so the others need not be: a
         candidate costs one record per variant, not one per bucket)."""
-        merged = FrozenMap({**self.values, **values})
+        merged: FrozenMap[str, Any] = FrozenMap({**self.values, **values})
         if self.index is None:
             return replace(self.policy, values=merged)
         buckets = self.policy.buckets
@@ -430,7 +430,9 @@ def _bucket_plan(
     inc_records, why = resolve({})
     if inc_records is None:
         raise PlanError(f"the incumbent of bucket {slot.name} does not resolve: {why}")
-    inc_written = FrozenMap({f: written_value(slot.values[f]) for f in axes_fields if f in slot.values})
+    inc_written: FrozenMap[str, Any] = FrozenMap(
+        {f: written_value(slot.values[f]) for f in axes_fields if f in slot.values}
+    )
     incumbent = Candidate(
         _digest([INCUMBENT, dict(inc_records[variant])]),
         slot.name,
@@ -446,7 +448,7 @@ def _bucket_plan(
         names = list(space.axes)
         for combo in itertools.product(*(space.axes[n] for n in names)):
             values = dict(zip(names, combo))
-            written = FrozenMap({f: written_value(values[f]) for f in cfg.fields if f in values})
+            written: FrozenMap[str, Any] = FrozenMap({f: written_value(values[f]) for f in cfg.fields if f in values})
             records, why = resolve(values)
             if records is None:
                 rejected.append((" ".join(f"{k}={_short(v)}" for k, v in written.items()), why))

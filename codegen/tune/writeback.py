@@ -107,11 +107,10 @@ def edits(
             target_table = amend_into  # the policy's own table, or the new one
         else:
             values = next(b for b in policy.buckets if b.name == v.bucket).values  # type: ignore[union-attr]
-            target_table = None
+            own = None  # the bucket's table in the policy's own table, if it has one
             if table is not None and "bucket" in table:
-                target_table = next((t for t in table["bucket"] if t.get("name") == v.bucket), None)
-            if target_table is None:
-                target_table = _amend_table(amend_into, v.bucket)
+                own = next((t for t in table["bucket"] if t.get("name") == v.bucket), None)
+            target_table = own if own is not None else _amend_table(amend_into, v.bucket)
         previous = {f: written_value(values[f]) for f in ch if f in values}
         for f, value in ch.items():
             target_table[f] = _toml(value)
