@@ -1411,12 +1411,13 @@ def _prefill_hit(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, alibi,
 
 def _tma_rows(t: torch.Tensor, head_dim: int) -> bool:
     # Can K or V [total_k, num_kv_heads, head_dim] be read as a TMA descriptor's [total_k,
-    # num_kv_heads * head_dim]?  head_dim a power of two of at least 16 bytes (the tile is not
-    # padded), heads packed in a token's row, rows that do not overlap (a tensor map's row stride
-    # spans its row: no broadcast keys), the base and the row stride 16-byte aligned.
+    # num_kv_heads * head_dim]?  head_dim its own tile's width (a power of two from 16: the tile is
+    # not padded, and a descriptor's box is the tile), heads packed in a token's row, rows that do
+    # not overlap (a tensor map's row stride spans its row: no broadcast keys), the base and the
+    # row stride 16-byte aligned.
     es = t.element_size()
     return (
-        head_dim & (head_dim - 1) == 0
+        head_dim == _tile_width(head_dim)
         and head_dim * es >= 16
         and (t.shape[1] == 1 or t.stride(1) == head_dim)
         and t.shape[0] > 0
