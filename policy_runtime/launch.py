@@ -10,7 +10,8 @@
   generated module hands its family.
 - Argument checks, each written once (a ValueError or TypeError naming the operation and the
   argument): ``check_runnable`` (a CUDA tensor, or any under the interpreter), ``check_float``,
-  ``check_device``; ``FLOAT_DTYPES``, ``INDEX_DTYPES``.
+  ``check_device``, ``interpreted_bf16_dots`` (bfloat16 dots the interpreter gets wrong);
+  ``FLOAT_DTYPES``, ``INDEX_DTYPES``.
 Names with a leading underscore are this module's own.
 """
 
@@ -205,6 +206,20 @@ def compiling() -> bool:
     """Is this thread (or task) in a compile-only scope?  Paths that run no Triton kernel (a
     vendor kernel, PyTorch) skip their work there."""
     return bool(_SCOPES) and _COMPILE_ONLY.get() is not None
+
+
+def interpreted_bf16_dots(t: torch.Tensor) -> Optional[str]:
+    """Why the interpreter cannot run a kernel whose dots take ``t``'s bfloat16 values, or None.
+    Triton's interpreter keeps bfloat16 as uint16, and its ``tl.dot`` multiplies those raw bits
+    (triton-lang/triton#11584; its maintainers: the interpreter does not support bfloat16): such a
+    call returned values near 1e10, silently.  Elementwise bfloat16 work is right there, and a
+    compile-only scope runs nothing (warm-up plans bfloat16 kernels on the CPU): None for both."""
+    if INTERPRET and t.dtype == torch.bfloat16 and not compiling():
+        return (
+            "bfloat16, whose dots Triton's interpreter (TRITON_INTERPRET=1) computes from the raw bits "
+            "(triton-lang/triton#11584): on the CPU use float16 or float32; bfloat16 runs on a GPU"
+        )
+    return None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -910,6 +910,9 @@ class Attention:
             _tensor(op, "v", v, 3, "[total_k, num_kv_heads, head_dim]")
         dkey = _float_dtype(op, "q", q)
         kv_fp8 = _kv_dtype(op, ("k", k), ("v", v), q, "q")
+        bf16 = _launch.interpreted_bf16_dots(q)  # an fp8 cache's tiles become q's dtype too
+        if bf16 is not None:
+            raise ValueError(f"{op}: q is {bf16}")
         total_q, H, D = q.shape
         total_k, Hkv, Dk = (k.shape[0] * k.shape[1], *k.shape[2:]) if paged else k.shape
         if tuple(v.shape) != tuple(k.shape):
@@ -1066,6 +1069,9 @@ class Attention:
         _tensor(op, "value_cache", value_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
         dkey = _float_dtype(op, "query", query)
         kv_fp8 = _kv_dtype(op, ("key_cache", key_cache), ("value_cache", value_cache), query, "query")
+        bf16 = None if kv_fp8 else _launch.interpreted_bf16_dots(query)  # over fp8: fp16 dots (FP8_VIA_F16)
+        if bf16 is not None:
+            raise ValueError(f"{op}: query is {bf16}")
         S, H, D = query.shape
         nb, bs, Hkv, Dk = key_cache.shape
         if tuple(value_cache.shape) != tuple(key_cache.shape):

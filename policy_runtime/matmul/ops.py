@@ -553,6 +553,9 @@ def unservable(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor], M:
     # the Triton path: plain arithmetic on the shapes _check already read.
     if not a.is_cuda and not _launch.INTERPRET:  # the interpreter runs kernels on CPU tensors
         return f"the Triton kernels need CUDA tensors (got {a.device}; TRITON_INTERPRET=1 runs them on the CPU)"
+    bf16 = _launch.interpreted_bf16_dots(a)
+    if bf16 is not None:
+        return f"a and b are {bf16}"
     if (a.requires_grad or b.requires_grad or (out is not None and out.requires_grad)) and torch.is_grad_enabled():
         return "an input requires grad, and the Triton kernels have no backward"
     (a0, a1), (b0, b1) = a.stride(), b.stride()

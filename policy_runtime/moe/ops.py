@@ -1362,6 +1362,9 @@ class MoE(PolicyTables):
             expert_map = check_expert_map("fused_moe", expert_map, topk_ids, E)
         if variant is None:
             variant = self.policy(x.dtype, hw, x.device)[1](T, inter).variant
+        bf16 = _launch.interpreted_bf16_dots(x) if variant.kind != "simt" else None  # simt kernels: no dots
+        if bf16 is not None:
+            fail("fused_moe", f"hidden_states are {bf16} (the {variant.kind} kernels of {variant.name})")
         return run_routed(
             "fused_moe", variant.run, x, w1, w2, topk_weights, topk_ids, out, activation, (T, H, inter, E), expert_map, named
         )
