@@ -10,7 +10,8 @@
   generated module hands its family.
 - Argument checks, each written once (a ValueError or TypeError naming the operation and the
   argument): ``check_runnable`` (a CUDA tensor, or any under the interpreter), ``check_float``,
-  ``check_device``, ``interpreted_bf16_dots`` (bfloat16 dots the interpreter gets wrong);
+  ``check_device``, ``interpreted_bf16_dots`` (bfloat16 dots the interpreter gets wrong),
+  ``first_outside`` (indices on the host out of range);
   ``FLOAT_DTYPES``, ``INDEX_DTYPES``.
 Names with a leading underscore are this module's own.
 """
@@ -281,6 +282,17 @@ def fit_warps(elems: int, vec: int, cfg: Any, grow: bool = False) -> int:
 
 # ----------------------------------------------------------------------------------------------
 # Validation
+
+
+def first_outside(t: torch.Tensor, lo: Any, hi: Any, where: Optional[torch.Tensor] = None) -> Optional[tuple[int, ...]]:
+    """The index of ``t``'s first element outside [lo, hi) (``where`` True there, if given), or
+    None: the range check of indices a call has on the host (CPU tensors; on a GPU it would take a
+    device sync).  ``lo`` and ``hi`` are numbers or tensors that broadcast against ``t``."""
+    bad = (t < lo) | (t >= hi)
+    if where is not None:
+        bad &= where
+    found = bad.nonzero()
+    return tuple(int(i) for i in found[0]) if found.shape[0] else None
 
 
 def check_float(op: str, name: str, t: torch.Tensor) -> None:

@@ -1508,9 +1508,9 @@ def _check_lengths(op: str, lens: list[int], capacity: int, max_seq_len: Optiona
         raise ValueError(f"{op}: {lens_name} has {bad[0]}; lengths must be in [0, {capacity}] ({why})")
     if block_tables.device.type == "cpu" and lens:
         used = torch.arange(block_tables.shape[1])[None, :] < torch.tensor([-(-n // bs) for n in lens])[:, None]
-        wrong = used & ((block_tables < 0) | (block_tables >= nb))
-        if bool(wrong.any()):
-            s, j = (int(x) for x in wrong.nonzero()[0])
+        wrong = _launch.first_outside(block_tables, 0, nb, where=used)
+        if wrong is not None:
+            s, j = wrong
             raise ValueError(f"{op}: {table_name}[{s}, {j}] = {int(block_tables[s, j])} is not a block of "
                              f"{cache_name} (0 to {nb - 1})")
 

@@ -15,6 +15,7 @@ halved until the grid has ``min_programs`` programs or each thread holds one 16-
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable, Mapping, Optional
 
@@ -31,6 +32,7 @@ from ..launch import (
     check_device,
     check_float,
     check_runnable,
+    first_outside,
     fit_warps,
     launch_tables,
     on_device,
@@ -334,9 +336,9 @@ def _check_blocks_on_host(op: str, block_mapping: torch.Tensor, src_blocks: int,
     # A mapping on the host (a CPU tensor; copy_blocks copies it to the caches' device after):
     # each row (src, dst) blocks the caches have.  A mapping on the GPU is not checked (a device
     # sync); there an id past the caches is an out-of-bounds copy, as in vLLM.
-    bad = ((block_mapping < 0) | (block_mapping >= block_mapping.new_tensor([src_blocks, dst_blocks]))).nonzero()
-    if bad.shape[0]:
-        i, j = (int(v) for v in bad[0])
+    bad = first_outside(block_mapping, 0, block_mapping.new_tensor([src_blocks, dst_blocks]))
+    if bad is not None:
+        i, j = bad
         src, dst = (int(v) for v in block_mapping[i])
         blocks = (src_blocks, dst_blocks)[j]
         raise ValueError(
@@ -353,9 +355,9 @@ def _check_slots_on_host(slot_mapping: torch.Tensor, num_blocks: int, block_size
     # Slots already on the host (CPU tensors, the interpreter's): each negative (skipped) or a slot
     # of the cache.  On a GPU this would take a device sync; there a slot past the cache is an
     # out-of-bounds write, as in vLLM.
-    bad = (slot_mapping >= num_blocks * block_size).nonzero()
-    if bad.shape[0]:
-        t = int(bad[0, 0])
+    bad = first_outside(slot_mapping, -math.inf, num_blocks * block_size)
+    if bad is not None:
+        (t,) = bad
         raise ValueError(
             f"reshape_and_cache: slot_mapping[{t}] = {int(slot_mapping[t])} is past the cache's "
             f"{num_blocks * block_size} slots ({num_blocks} blocks of {block_size}); a negative slot skips the token"

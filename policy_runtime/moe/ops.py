@@ -1016,15 +1016,15 @@ def check_routing_on_host(op: str, topk_ids: torch.Tensor, experts: int, expert_
     if not topk_ids.is_cpu or topk_ids.numel() == 0:
         return
     n = experts if expert_map is None else expert_map.shape[0]
-    bad = ((topk_ids < 0) | (topk_ids >= n)).nonzero()
-    if bad.shape[0]:
-        t, j = bad[0].tolist()
+    bad = _launch.first_outside(topk_ids, 0, n)
+    if bad is not None:
+        t, j = bad
         whose = "expert_map's global experts" if expert_map is not None else "the experts of w1 and w2"
         fail(op, f"topk_ids[{t}, {j}] = {int(topk_ids[t, j])} is not one of {whose} (0 to {n - 1})")
     if expert_map is not None and expert_map.is_cpu:
-        bad = ((expert_map < -1) | (expert_map >= experts)).nonzero()
-        if bad.shape[0]:
-            g = int(bad[0, 0])
+        bad = _launch.first_outside(expert_map, -1, experts)
+        if bad is not None:
+            (g,) = bad
             fail(op, f"expert_map[{g}] = {int(expert_map[g])} is neither an expert of w1 and w2 "
                      f"(0 to {experts - 1}) nor -1 (another rank's)")  # fmt: skip
 

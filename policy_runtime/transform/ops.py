@@ -36,6 +36,7 @@ from ..launch import (
     check_device,
     check_float,
     check_runnable,
+    first_outside,
     fit_warps,
     launch_tables,
     on_device,
@@ -345,9 +346,9 @@ class TransformKernels:
 def _check_positions_on_host(positions: torch.Tensor, max_position: int) -> None:
     # Positions already on the host (CPU tensors, the interpreter's): each a row of cos_sin_cache.
     # On a GPU this would take a device sync; there a position past it is an out-of-bounds read.
-    bad = ((positions < 0) | (positions >= max_position)).nonzero()
-    if bad.shape[0]:
-        t = int(bad[0, 0])
+    bad = first_outside(positions, 0, max_position)
+    if bad is not None:
+        (t,) = bad
         raise ValueError(
             f"rotary_embedding: positions[{t}] = {int(positions[t])} is not a row of cos_sin_cache "
             f"(0 to {max_position - 1})"
